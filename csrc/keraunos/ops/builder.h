@@ -1,0 +1,67 @@
+// The trace builder: acquisition (the Python tracer calls `call_user` for every torch call)
+// and decomposition (op implementations call `call` for the prims they decompose into) both
+// record bound symbols through it.
+#pragma once
+#include "keraunos/ir/trace.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace keraunos {
+
+struct BuilderOptions {
+  DType default_float = DType::Float32;
+};
+
+class Builder {
+public:
+  explicit Builder(BuilderOptions opts = {});
+
+  const BuilderOptions& options() const { return opts_; }
+
+  // A program input. `storage_id` groups inputs that share memory (-1: a storage of its own).
+  TensorRef add_input(DType dtype, Device device, Shape shape, Shape strides,
+                      int64_t storage_offset = 0, int64_t storage_id = -1,
+                      bool requires_grad = false);
+
+  // A fresh tensor with its own storage (contiguous when `strides` is empty).
+  TensorRef new_tensor(DType dtype, Device device, Shape shape, Shape strides = {});
+  // A tensor sharing `base`'s storage (a view).
+  TensorRef new_view(const TensorRef& base, Shape shape, Shape strides, int64_t storage_offset,
+                     std::optional<DType> dtype = std::nullopt);
+
+  // Records `op(args)` (args already canonical) in the current scope; returns its outputs.
+  Arg call(OpId op, Arg::List args);
+  // Binds a user call (positional + keyword args) and records it with its source location.
+  // User errors are re-thrown naming `display` and the location.
+  Arg call_user(OpId op, const Arg::List& args, const Kwargs& kwargs, const std::string& display,
+                std::shared_ptr<const SourceLoc> loc);
+
+  // Records the write of `src` into `dst` (prims.copy_, converting dtype).
+  void write_into(const TensorRef& dst, const TensorRef& src);
+
+  // Ends the trace with `return output`.
+  void set_return(Arg output);
+  Trace finish();
+
+  // Number of bound symbols recorded in the current scope (for tests).
+  size_t scope_size() const { return scopes_.back()->size(); }
+
+private:
+  std::string fresh_name();
+
+  BuilderOptions opts_;
+  int64_t next_name_ = 0;
+  int64_t next_storage_ = 0;
+  std::vector<TensorRef> inputs_;
+  std::vector<BoundSymbol> top_;
+  std::vector<std::vector<BoundSymbol>*> scopes_;
+  bool returned_ = false;
+};
+
+// Re-runs `bsym`'s implementation on its arguments in a scratch builder and returns the
+// outputs it infers (the verifier compares them with the recorded ones).
+Arg reinfer(const BoundSymbol& bsym, const BuilderOptions& opts);
+
+} // namespace keraunos

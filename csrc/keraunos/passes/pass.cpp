@@ -1,0 +1,36 @@
+#include "keraunos/passes/pass.h"
+
+namespace keraunos {
+
+Arg substitute(const Arg& a, const ProxyMap& m) {
+  if (a.is_tensor()) {
+    auto it = m.find(a.tensor().get());
+    return it == m.end() ? a : Arg(it->second);
+  }
+  if (a.is_list()) {
+    Arg::List l;
+    l.reserve(a.list().size());
+    for (const auto& e : a.list()) l.push_back(substitute(e, m));
+    return Arg(std::move(l));
+  }
+  return a;
+}
+
+BoundSymbol substitute(const BoundSymbol& b, const ProxyMap& m) {
+  BoundSymbol r;
+  r.op = b.op;
+  r.out = b.out;
+  r.loc = b.loc;
+  r.args.reserve(b.args.size());
+  for (const auto& a : b.args) r.args.push_back(substitute(a, m));
+  r.subsymbols.reserve(b.subsymbols.size());
+  for (const auto& s : b.subsymbols) r.subsymbols.push_back(substitute(s, m));
+  return r;
+}
+
+bool has_effect(const BoundSymbol& b) {
+  const OpDef& d = b.def();
+  return d.has(tags::I | tags::S | tags::N | tags::Ret);
+}
+
+} // namespace keraunos

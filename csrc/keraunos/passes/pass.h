@@ -1,0 +1,33 @@
+// What every pass shares: its context and result types, and trace rewriting helpers.
+#pragma once
+#include "keraunos/ir/trace.h"
+#include "keraunos/ops/builder.h"
+
+#include <string>
+#include <unordered_map>
+
+namespace keraunos {
+
+struct PassContext {
+  BuilderOptions builder;
+  std::string fusion_type = "consecutive"; // or "dataflow"
+  bool verify = false;                     // run the verifier after every pass
+};
+
+struct PassResult {
+  Trace trace;
+  bool changed = false; // the pipeline checks this claim in verify mode
+};
+
+using PassFn = PassResult (*)(const Trace&, const PassContext&);
+
+// Replaces tensors by the map (by proxy identity), in arguments and subsymbols.
+using ProxyMap = std::unordered_map<const TensorProxy*, TensorRef>;
+Arg substitute(const Arg& a, const ProxyMap& m);
+BoundSymbol substitute(const BoundSymbol& b, const ProxyMap& m);
+
+// Whether a symbol must stay even when nothing reads its outputs (writes memory, draws
+// random numbers, or returns).
+bool has_effect(const BoundSymbol& b);
+
+} // namespace keraunos

@@ -1,0 +1,65 @@
+"""Helpers the torch executor's generated programs call where torch has no one-to-one
+function for a keraunos op (reflected operands, canonical argument orders)."""
+
+import operator
+
+import torch
+
+_F = torch.nn.functional
+
+
+def add(a, b, *, alpha=1):
+    return operator.add(a, b) if alpha == 1 else torch.add(a, b, alpha=alpha)
+
+
+def sub(a, b, *, alpha=1):
+    return operator.sub(a, b) if alpha == 1 else torch.sub(a, b, alpha=alpha)
+
+
+def div(a, b, *, rounding_mode=None):
+    if rounding_mode is None:
+        return operator.truediv(a, b)
+    if not isinstance(a, torch.Tensor):
+        a = torch.scalar_tensor(a, dtype=torch.result_type(b, a) if isinstance(b, torch.Tensor) else None)
+    return torch.div(a, b, rounding_mode=rounding_mode)
+
+
+mul = operator.mul
+floor_divide = operator.floordiv
+remainder = operator.mod
+pow = operator.pow
+bitwise_and = operator.and_
+bitwise_or = operator.or_
+bitwise_xor = operator.xor
+eq = operator.eq
+ne = operator.ne
+lt = operator.lt
+le = operator.le
+gt = operator.gt
+ge = operator.ge
+
+
+def fmod(a, b):
+    if not isinstance(a, torch.Tensor):
+        a = torch.scalar_tensor(a, dtype=torch.result_type(b, a))
+    return torch.fmod(a, b)
+
+
+def to(a, *, device=None, dtype=None, copy=False):
+    return a.to(device=device, dtype=dtype, copy=copy)
+
+
+def silu_(a):
+    return _F.silu(a, inplace=True)
+
+
+def leaky_relu_(a, negative_slope=0.01):
+    return _F.leaky_relu(a, negative_slope, inplace=True)
+
+
+def elu_(a, alpha=1.0):
+    return _F.elu(a, alpha, inplace=True)
+
+
+def hardtanh_(a, min_val=-1.0, max_val=1.0):
+    return _F.hardtanh(a, min_val, max_val, inplace=True)

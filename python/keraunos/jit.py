@@ -1,0 +1,233 @@
+"""keraunos.jit: the user-facing entry point. The call path is the C++ Dispatcher (signature
+-> cached program); a miss comes back here to trace, run the pipeline and build the program."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import _C
+from ._dtypes import to_kr_device, to_kr_dtype
+from .tracer import Proxy, Tracer, to_c
+
+_VERIFY = os.environ.get("KERAUNOS_VERIFY", "0") not in ("", "0")
+_DUMP = {s.strip() for s in os.environ.get("KERAUNOS_DUMP", "").split(",") if s.strip()}
+
+
+class ProgramTrace:
+    """The final stage: the trace printed as the Python function the torch executor runs."""
+
+    def __init__(self, trace, source: str, ms: float):
+        self.trace = trace
+        self.source = source
+        self.stage = "torch executor"
+        self.ms = ms
+
+    def __str__(self):
+        return f"# Constructed by torch executor ({self.ms:.3f} ms)\n{self.source}"
+
+    __repr__ = __str__
+
+
+_PROGRAM_GLOBALS = None
+
+
+def _program_globals():
+    global _PROGRAM_GLOBALS
+    if _PROGRAM_GLOBALS is None:
+        from . import _kr, _prims
+
+        _PROGRAM_GLOBALS = {"torch": torch, "_kr": _kr, "_prims": _prims}
+    return _PROGRAM_GLOBALS
+
+
+def build_program(trace, name="program", prims=False):
+    """Python source of `trace` run by torch, and the function it defines."""
+    if prims:
+        trace = trace.flatten_to_prims()
+    src = trace.torch_program(name)
+    ns = dict(_program_globals())
+    exec(compile(src, f"<keraunos {name}>", "exec"), ns)
+    return src, ns[name]
+
+
+def _storage_ids(groups):
+    firsts = {g for g in groups if g >= 0}
+    return [g if g >= 0 else (i if i in firsts else -1) for i, g in enumerate(groups)]
+
+
+def _replace_tensors(obj, proxies):
+    """Same traversal order as the C++ dispatcher's signature walk."""
+    if isinstance(obj, torch.Tensor):
+        return next(proxies)
+    if isinstance(obj, tuple):
+        return tuple(_replace_tensors(e, proxies) for e in obj)
+    if isinstance(obj, list):
+        return [_replace_tensors(e, proxies) for e in obj]
+    if isinstance(obj, dict):
+        return {k: _replace_tensors(v, proxies) for k, v in obj.items()}
+    return obj
+
+
+class Stats:
+    def __init__(self):
+        self.compiles = 0
+        self.compile_ms = 0.0
+        self.last_pass_ms: dict[str, float] = {}
+
+
+class JittedFunction(_C.Dispatcher):
+    """The callable `keraunos.jit(fn)` returns. Calls go straight to the C++ dispatcher."""
+
+    def __init__(self, fn, fusion_type="consecutive"):
+        if fusion_type not in ("consecutive", "dataflow"):
+            raise ValueError(f"fusion_type must be 'consecutive' or 'dataflow', got {fusion_type!r}")
+        super().__init__(torch.Tensor, self._compile)
+        self._fn = fn
+        self._fusion_type = fusion_type
+        self._traces = None
+        self._stats = Stats()
+        functools.update_wrapper(self, fn, updated=())
+
+    def _trace_fn(self, proxies_args, proxies_kwargs):
+        return self._fn(*proxies_args, **proxies_kwargs)
+
+    def _compile(self, tensors, groups, args, kwargs):
+        t_start = time.perf_counter()
+        default_float = to_kr_dtype(torch.get_default_dtype())
+        builder = _C.Builder(default_float)
+        sids = _storage_ids(groups)
+        tracer = Tracer(builder)
+        proxies = []
+        for t, sid in zip(tensors, sids):
+            if type(t) not in (torch.Tensor, torch.nn.Parameter):
+                raise NotImplementedError(f"keraunos: tensor subclass {type(t).__name__} is not supported")
+            p = builder.add_input(
+                to_kr_dtype(t.dtype, "input dtype"), to_kr_device(t.device), list(t.shape),
+                list(t.stride()), t.storage_offset(), sid, t.requires_grad,
+            )
+            proxies.append(tracer.wrap_input(p))
+        it = iter(proxies)
+        pargs = _replace_tensors(args, it)
+        pkwargs = _replace_tensors(kwargs, it)
+        with tracer:
+            out = self._trace_fn(pargs, pkwargs)
+            leaves, spec = pytree.tree_flatten(out)
+            c_leaves = []
+            for leaf in leaves:
+                if isinstance(leaf, (Proxy, torch.Tensor)) or leaf is None or isinstance(leaf, (bool, int, float, str)):
+                    c_leaves.append(to_c(leaf))
+                else:
+                    raise TypeError(
+                        f"keraunos: cannot return a value of type {type(leaf).__name__} from a jitted function"
+                    )
+        single = spec.is_leaf()
+        builder.set_return(c_leaves[0] if single else c_leaves)
+        acquired = builder.finish()
+        acquire_ms = (time.perf_counter() - t_start) * 1e3
+        traces = _C.run_pipeline(acquired, self._fusion_type, _VERIFY, default_float)
+        t_cg = time.perf_counter()
+        src, program = build_program(traces[-1])
+        cg_ms = (time.perf_counter() - t_cg) * 1e3
+        self._traces = [*traces, ProgramTrace(traces[-1], src, cg_ms)]
+        st = self._stats
+        st.compiles += 1
+        st.last_pass_ms = {"acquire": acquire_ms}
+        for t in traces[1:]:
+            st.last_pass_ms[t.stage] = st.last_pass_ms.get(t.stage, 0.0) + t.ms
+        st.last_pass_ms["codegen"] = cg_ms
+        st.compile_ms += (time.perf_counter() - t_start) * 1e3
+        if "traces" in _DUMP:
+            for t in self._traces:
+                print(t)
+        post = None
+        if not single:
+            post = functools.partial(_unflatten, spec)
+        return program, tuple(tracer.lifted), post
+
+
+def _unflatten(spec, flat):
+    return pytree.tree_unflatten(list(flat), spec)
+
+
+class JittedModule:
+    """keraunos.jit(module): parameters and buffers are inputs of the trace."""
+
+    def __init__(self, module: torch.nn.Module, fusion_type="consecutive"):
+        self.module = module
+        self._jf = JittedFunction(self._forward, fusion_type)
+        self._names = None
+
+    def _forward(self, params, buffers, training, *args, **kwargs):
+        mods = dict(self.module.named_modules())
+        saved = []
+        try:
+            for (name, _), p in zip(self.module.named_parameters(), params):
+                mod_name, _, attr = name.rpartition(".")
+                m = mods[mod_name]
+                saved.append((m._parameters, attr, m._parameters[attr]))
+                m._parameters[attr] = p
+            for (name, _), b in zip(self.module.named_buffers(), buffers):
+                mod_name, _, attr = name.rpartition(".")
+                m = mods[mod_name]
+                saved.append((m._buffers, attr, m._buffers[attr]))
+                m._buffers[attr] = b
+            return self.module(*args, **kwargs)
+        finally:
+            for d, attr, v in reversed(saved):
+                d[attr] = v
+
+    def __call__(self, *args, **kwargs):
+        m = self.module
+        return self._jf(tuple(m.parameters()), tuple(m.buffers()), m.training, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+
+def jit(fn=None, *, fusion_type: str = "consecutive"):
+    """Compiles `fn` (a function or an nn.Module) on its first call for each input signature.
+
+    fusion_type: "consecutive" fuses runs of adjacent fusible ops in program order;
+    "dataflow" may merge any fusible neighbours whose merge creates no cycle.
+    """
+    if fn is None:
+        return functools.partial(jit, fusion_type=fusion_type)
+    if isinstance(fn, torch.nn.Module):
+        return JittedModule(fn, fusion_type)
+    if not callable(fn):
+        raise TypeError(f"keraunos.jit expects a function or an nn.Module, got {type(fn).__name__}")
+    return JittedFunction(fn, fusion_type)
+
+
+def _jitted(jf) -> JittedFunction:
+    if isinstance(jf, JittedModule):
+        return jf._jf
+    if isinstance(jf, JittedFunction):
+        return jf
+    raise TypeError(f"expected a function returned by keraunos.jit, got {type(jf).__name__}")
+
+
+def last_traces(jf):
+    """Every stage of the most recent compilation: acquisition, each pass, the program."""
+    j = _jitted(jf)
+    if j._traces is None:
+        raise RuntimeError("keraunos.last_traces: the function has not been compiled yet (call it first)")
+    return list(j._traces)
+
+
+def compile_stats(jf) -> dict:
+    """Cache hits and misses, number of compilations and time spent per pass (last compile)."""
+    j = _jitted(jf)
+    return {
+        "hits": j.hits,
+        "misses": j.misses,
+        "cache_size": j.size,
+        "compiles": j._stats.compiles,
+        "compile_ms_total": j._stats.compile_ms,
+        "last_pass_ms": dict(j._stats.last_pass_ms),
+    }

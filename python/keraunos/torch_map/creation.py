@@ -1,0 +1,1 @@
+"""creation ops: see torch_map/__init__.py."""

@@ -1,0 +1,1 @@
+"""nn ops: see torch_map/__init__.py."""

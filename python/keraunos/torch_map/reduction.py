@@ -1,0 +1,1 @@
+"""reduction ops: see torch_map/__init__.py."""

@@ -1,0 +1,1 @@
+"""shape ops: see torch_map/__init__.py."""

@@ -1,0 +1,412 @@
+"""Acquisition: runs the user's function once on proxy tensors. Every torch call reaches
+`handle` (through the torch function protocol: a TorchFunctionMode for factories and calls on
+real tensors, `Proxy.__torch_function__` and Proxy's methods for the rest), which looks the
+callable up in the mapping table and records it through the C++ trace builder."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from . import _C
+from ._dtypes import KR_TO_TORCH, to_kr_device, to_kr_dtype, to_torch_device
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_state = threading.local()
+
+
+def current() -> Tracer | None:
+    return getattr(_state, "tracer", None)
+
+
+def user_location():
+    """(file, line, function) of the innermost frame outside keraunos and torch."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (fn.startswith(_PKG_DIR) or fn.startswith(_TORCH_DIR)):
+            return fn, f.f_lineno, f.f_code.co_name
+        f = f.f_back
+    return "<unknown>", 0, "<unknown>"
+
+
+def where() -> str:
+    file, line, _ = user_location()
+    return f"{file}:{line}"
+
+
+def callable_name(func) -> str:
+    qual = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    mod = getattr(func, "__module__", None)
+    if qual.startswith("TensorBase.") or qual.startswith("_TensorBase."):
+        return "torch.Tensor." + qual.split(".", 1)[1]
+    if qual.startswith("Tensor."):
+        return "torch." + qual
+    if mod in (None, "torch._C._VariableFunctions", "torch._VariableFunctionsClass"):
+        return f"torch.{qual}"
+    if mod and mod.startswith("torch._C._nn"):
+        return f"torch.nn.functional.{qual}"
+    return f"{mod}.{qual}" if mod else qual
+
+
+class Proxy:
+    """A tensor during tracing. Metadata are concrete; values are not."""
+
+    __slots__ = ("_p", "_shape", "__weakref__")
+
+    def __init__(self, p):
+        self._p = p
+        self._shape = None
+
+    # Metadata (concrete).
+    @property
+    def shape(self):
+        if self._shape is None:
+            self._shape = torch.Size(self._p.shape)
+        return self._shape
+
+    def size(self, dim=None):
+        if dim is None:
+            return self.shape
+        return self.shape[_C_wrap(dim, len(self.shape), "size")]
+
+    @property
+    def dtype(self):
+        return KR_TO_TORCH[self._p.dtype]
+
+    @property
+    def device(self):
+        return to_torch_device(self._p.device)
+
+    @property
+    def is_cuda(self):
+        return self._p.device.type == "cuda"
+
+    @property
+    def is_cpu(self):
+        return self._p.device.type == "cpu"
+
+    @property
+    def ndim(self):
+        return len(self._p.shape)
+
+    def dim(self):
+        return len(self._p.shape)
+
+    ndimension = dim
+
+    def numel(self):
+        n = 1
+        for s in self._p.shape:
+            n *= s
+        return n
+
+    nelement = numel
+
+    def stride(self, dim=None):
+        st = tuple(self._p.strides)
+        return st if dim is None else st[_C_wrap(dim, len(st), "stride")]
+
+    def storage_offset(self):
+        return self._p.storage_offset
+
+    def is_contiguous(self, memory_format=torch.contiguous_format):
+        if memory_format is not torch.contiguous_format:
+            raise NotImplementedError("keraunos: is_contiguous(memory_format=...) is not supported")
+        return self._p.is_contiguous()
+
+    def is_floating_point(self):
+        return self.dtype.is_floating_point
+
+    def is_complex(self):
+        return False
+
+    def element_size(self):
+        return _C.itemsize(self._p.dtype)
+
+    @property
+    def requires_grad(self):
+        return self._p.requires_grad
+
+    @property
+    def layout(self):
+        return torch.strided
+
+    @property
+    def is_sparse(self):
+        return False
+
+    @property
+    def is_quantized(self):
+        return False
+
+    @property
+    def is_nested(self):
+        return False
+
+    @property
+    def T(self):
+        return handle(torch.Tensor.permute, (self, tuple(range(self.ndim - 1, -1, -1))), {})
+
+    @property
+    def mT(self):
+        return handle(torch.Tensor.transpose, (self, -2, -1), {})
+
+    def __len__(self):
+        if not self._p.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._p.shape[0]
+
+    def __iter__(self):
+        if not self._p.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(handle(torch.Tensor.unbind, (self, 0), {}))
+
+    def __repr__(self):
+        return f"Proxy({self._p!r})"
+
+    __hash__ = object.__hash__
+
+    # Values are unknown while tracing: asking for them is data-dependent.
+    def _data_dependent(self, what):
+        raise RuntimeError(
+            f"keraunos: data-dependent control flow: {what} of a traced tensor at {where()}. "
+            "keraunos traces tensor values symbolically and cannot branch on them; use "
+            "torch.where or compute the condition outside the jitted function."
+        )
+
+    def __bool__(self):
+        self._data_dependent("bool()")
+
+    def __int__(self):
+        self._data_dependent("int()")
+
+    def __float__(self):
+        self._data_dependent("float()")
+
+    def __index__(self):
+        self._data_dependent("using it as an index (__index__)")
+
+    def item(self):
+        self._data_dependent(".item()")
+
+    def tolist(self):
+        self._data_dependent(".tolist()")
+
+    def numpy(self, *a, **k):
+        self._data_dependent(".numpy()")
+
+    def data_ptr(self):
+        raise NotImplementedError(f"keraunos: data_ptr() of a traced tensor (at {where()})")
+
+    def __getattr__(self, name):
+        attr = getattr(torch.Tensor, name, None)
+        if attr is None or name.startswith("__"):
+            raise AttributeError(f"'Tensor' object has no attribute '{name}'")
+        if not callable(attr):
+            raise NotImplementedError(
+                f"keraunos: tensor attribute torch.Tensor.{name} is not supported yet (at {where()})"
+            )
+
+        def method(*args, **kwargs):
+            return handle(attr, (self, *args), kwargs)
+
+        return method
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return handle(func, args, kwargs or {})
+
+
+def _C_wrap(dim, n, what):
+    if not -max(n, 1) <= dim < max(n, 1):
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of [{-max(n, 1)}, {max(n, 1) - 1}], "
+            f"but got {dim})"
+        )
+    return dim % max(n, 1)
+
+
+def _install_operators():
+    """Python operators on proxies call the matching torch.Tensor dunder through `handle`."""
+    names = [
+        "add", "radd", "iadd", "sub", "rsub", "isub", "mul", "rmul", "imul", "truediv",
+        "rtruediv", "itruediv", "floordiv", "rfloordiv", "ifloordiv", "mod", "rmod", "imod",
+        "pow", "rpow", "ipow", "matmul", "rmatmul", "and", "rand", "iand", "or", "ror", "ior",
+        "xor", "rxor", "ixor", "neg", "pos", "abs", "invert", "eq", "ne", "lt", "le", "gt", "ge",
+        "getitem", "setitem", "lshift", "rshift",
+    ]
+    for n in names:
+        dunder = f"__{n}__"
+        target = getattr(torch.Tensor, dunder, None)
+        if target is None:
+            continue
+
+        def make(t):
+            def op(self, *args):
+                return handle(t, (self, *args), {})
+
+            return op
+
+        setattr(Proxy, dunder, make(target))
+
+
+_install_operators()
+
+
+class _Mode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return handle(func, args, kwargs or {})
+
+
+class Tracer:
+    """The state of one acquisition: the C++ builder, the proxy objects by name (so that the
+    same tensor is always the same Python object), tensors lifted from closures."""
+
+    def __init__(self, builder):
+        self.builder = builder
+        self.proxies: dict[str, Proxy] = {}
+        self.lifted: list[torch.Tensor] = []
+        self._lifted_ids: dict[int, Proxy] = {}
+        self._mode = _Mode()
+
+    def wrap_input(self, p) -> Proxy:
+        px = Proxy(p)
+        self.proxies[p.name] = px
+        return px
+
+    def lift(self, t: torch.Tensor) -> Proxy:
+        """A real tensor met during tracing (a global, a closure variable) becomes an input."""
+        px = self._lifted_ids.get(id(t))
+        if px is not None:
+            return px
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            raise NotImplementedError(
+                f"keraunos: tensor subclass {type(t).__name__} is not supported (at {where()})"
+            )
+        with torch._C.DisableTorchFunction():
+            p = self.builder.add_input(
+                to_kr_dtype(t.dtype), to_kr_device(t.device), list(t.shape), list(t.stride()),
+                t.storage_offset(), -1, t.requires_grad,
+            )
+        px = self.wrap_input(p)
+        self.lifted.append(t)
+        self._lifted_ids[id(t)] = px
+        return px
+
+    def __enter__(self):
+        self._prev = current()
+        _state.tracer = self
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        _state.tracer = self._prev
+        return False
+
+
+def to_c(x):
+    """A Python value (with proxies) -> what the C++ binder takes."""
+    if isinstance(x, Proxy):
+        return x._p
+    if isinstance(x, (bool, int, float, str)) or x is None:
+        return x
+    if isinstance(x, (tuple, list, torch.Size)):
+        return [to_c(e) for e in x]
+    if isinstance(x, torch.dtype):
+        return to_kr_dtype(x)
+    if isinstance(x, torch.device):
+        return to_kr_device(x)
+    if isinstance(x, torch.Tensor):
+        return current().lift(x)._p
+    if isinstance(x, (slice, type(Ellipsis))):
+        if isinstance(x, slice):
+            for part in (x.start, x.stop, x.step):
+                if isinstance(part, Proxy):
+                    part._data_dependent("a slice bound")
+        return x
+    if isinstance(x, torch.memory_format):
+        raise NotImplementedError(f"keraunos: memory_format arguments are not supported (at {where()})")
+    raise TypeError(f"keraunos: unsupported argument of type {type(x).__name__} (at {where()})")
+
+
+def from_c(x):
+    """C++ outputs -> proxies (the same Python object for the same proxy)."""
+    if isinstance(x, _C.TensorProxy):
+        tr = current()
+        px = tr.proxies.get(x.name)
+        if px is None:
+            px = Proxy(x)
+            tr.proxies[x.name] = px
+        return px
+    if isinstance(x, tuple):
+        return tuple(from_c(e) for e in x)
+    return x
+
+
+def handle(func, args, kwargs):
+    from .torch_map import lookup
+
+    tr = current()
+    if tr is None:
+        raise RuntimeError(
+            f"keraunos: a traced tensor escaped its jitted function and was used by {callable_name(func)}"
+        )
+    entry = lookup(func)
+    if entry is None:
+        if func in _PASSTHROUGH or (func in _METADATA and not _has_proxy(args, kwargs)):
+            with torch._C.DisableTorchFunction():
+                return func(*args, **kwargs)
+        raise NotImplementedError(
+            f"keraunos: {callable_name(func)} is not supported yet (at {where()})"
+        )
+    return entry(tr, args, kwargs)
+
+
+def record(op: str, display: str, args, kwargs):
+    """Records one op through the C++ builder and returns proxies."""
+    tr = current()
+    file, line, fn = user_location()
+    out = tr.builder.call(
+        op, [to_c(a) for a in args], {k: to_c(v) for k, v in kwargs.items()}, display, file, line, fn
+    )
+    return from_c(out)
+
+
+def _has_proxy(args, kwargs):
+    return any(isinstance(a, Proxy) for a in args) or any(isinstance(v, Proxy) for v in kwargs.values())
+
+
+# Metadata of real tensors (globals, closures) may be read while tracing.
+_METADATA = {
+    torch.Tensor.size,
+    torch.Tensor.dim,
+    torch.Tensor.stride,
+    torch.Tensor.numel,
+    torch.Tensor.is_contiguous,
+    torch.Tensor.element_size,
+    torch.Tensor.is_floating_point,
+    torch.Tensor.storage_offset,
+    torch.Tensor.__len__,
+}
+for _name in ("shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_cpu", "layout",
+              "is_sparse", "is_quantized", "is_nested", "grad_fn", "names", "is_leaf"):
+    _attr = getattr(torch.Tensor, _name, None)
+    if _attr is not None and hasattr(_attr, "__get__"):
+        _METADATA.add(_attr.__get__)
+
+# Torch calls that touch no tensor data and are fine to run as they are.
+_PASSTHROUGH = {
+    torch.is_tensor,
+    torch.get_default_dtype,
+    torch.is_grad_enabled,
+    torch.is_floating_point,
+    torch.Tensor.__format__,
+    torch.Size,
+}

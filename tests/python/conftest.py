@@ -1,0 +1,3 @@
+import os
+
+os.environ.setdefault("KERAUNOS_VERIFY", "1")  # the verifier runs after every pass in tests

@@ -1,0 +1,147 @@
+"""Compare a jitted function with eager PyTorch: outputs (values, dtypes, shapes), the
+contents of every input after the call, and which outputs alias which inputs and outputs."""
+
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+
+import keraunos
+
+
+def _clone_tree(x):
+    return pytree.tree_map(lambda t: _clone_keep_layout(t) if isinstance(t, torch.Tensor) else t, x)
+
+
+def _clone_keep_layout(t: torch.Tensor) -> torch.Tensor:
+    """A copy with the same strides, offset and aliasing as the original within one call's
+    arguments is built by `clone_args`; this clones one tensor keeping its strides."""
+    out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    out.requires_grad_(t.requires_grad)
+    return out
+
+
+def clone_args(args):
+    """Deep-copies args, preserving storage sharing between tensors (views stay views of a
+    copied base) so that eager and jit see the same aliasing pattern."""
+    leaves, spec = pytree.tree_flatten(args)
+    storages: dict[int, torch.Tensor] = {}
+    out = []
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+            continue
+        st = leaf.untyped_storage()
+        key = st.data_ptr()
+        if key not in storages:
+            base = torch.empty(0, dtype=leaf.dtype, device=leaf.device)
+            base.set_(st.__class__(st.nbytes(), device=leaf.device) if False else st.clone())
+            storages[key] = base
+        base = storages[key]
+        t = base.as_strided(leaf.size(), leaf.stride(), leaf.storage_offset()) if base.dtype == leaf.dtype else None
+        if t is None:
+            t = torch.empty(0, dtype=leaf.dtype, device=leaf.device).set_(
+                base.untyped_storage(), leaf.storage_offset(), leaf.size(), leaf.stride()
+            )
+        if leaf.requires_grad:
+            t = t.detach().requires_grad_(True)
+        out.append(t)
+    return pytree.tree_unflatten(out, spec)
+
+
+def assert_same(actual, expected, *, exact=True, atol=None, rtol=None, what="output"):
+    a_leaves, a_spec = pytree.tree_flatten(actual)
+    e_leaves, e_spec = pytree.tree_flatten(expected)
+    assert a_spec == e_spec, f"{what}: structure differs: {a_spec} vs {e_spec}"
+    for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):
+        if isinstance(e, torch.Tensor):
+            assert isinstance(a, torch.Tensor), f"{what}[{i}]: expected a tensor, got {type(a)}"
+            assert a.dtype == e.dtype, f"{what}[{i}]: dtype {a.dtype} vs eager {e.dtype}"
+            assert a.shape == e.shape, f"{what}[{i}]: shape {tuple(a.shape)} vs eager {tuple(e.shape)}"
+            assert a.device == e.device, f"{what}[{i}]: device {a.device} vs eager {e.device}"
+            if exact and atol is None:
+                torch.testing.assert_close(a, e, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{what}[{i}]: {m}")
+            else:
+                torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}[{i}]: {m}")
+        else:
+            assert a == e or (a != a and e != e), f"{what}[{i}]: {a!r} vs eager {e!r}"
+
+
+def alias_pattern(args, outputs):
+    """For each output tensor: the indices of input tensors and earlier outputs it shares
+    storage with, and whether it is the very same object."""
+    ins = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+    outs = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+
+    def sid(t):
+        return t.untyped_storage().data_ptr() if t.numel() else None
+
+    pat = []
+    for j, o in enumerate(outs):
+        s = sid(o)
+        pat.append((
+            tuple(i for i, t in enumerate(ins) if s is not None and sid(t) == s),
+            tuple(i for i, t in enumerate(ins) if t is o),
+            tuple(k for k in range(j) if s is not None and sid(outs[k]) == s),
+            tuple(k for k in range(j) if outs[k] is o),
+        ))
+    return pat
+
+
+def check(fn, *args, fusion_type="consecutive", exact=True, atol=None, rtol=None, seed=None,
+          check_alias=True, check_strides=False, **kwargs):
+    """Runs fn eagerly and through keraunos.jit on copies of the same arguments and asserts
+    they agree. Returns the jitted function (for trace assertions)."""
+    eager_args = clone_args((args, kwargs))
+    jit_args = clone_args((args, kwargs))
+    if seed is not None:
+        torch.manual_seed(seed)
+    expected = fn(*eager_args[0], **eager_args[1])
+    jf = keraunos.jit(fn, fusion_type=fusion_type)
+    if seed is not None:
+        torch.manual_seed(seed)
+    actual = jf(*jit_args[0], **jit_args[1])
+    assert_same(actual, expected, exact=exact, atol=atol, rtol=rtol)
+    assert_same(jit_args, eager_args, exact=exact, atol=atol, rtol=rtol, what="input after call")
+    if check_alias:
+        assert alias_pattern(jit_args, actual) == alias_pattern(eager_args, expected), "aliasing differs from eager"
+    if check_strides:
+        for a, e in zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected)):
+            if isinstance(e, torch.Tensor):
+                assert a.stride() == e.stride(), f"strides {a.stride()} vs eager {e.stride()}"
+    # A second call hits the cache and must agree too.
+    jit_args2 = clone_args((args, kwargs))
+    eager_args2 = clone_args((args, kwargs))
+    if seed is not None:
+        torch.manual_seed(seed + 1)
+    expected2 = fn(*eager_args2[0], **eager_args2[1])
+    if seed is not None:
+        torch.manual_seed(seed + 1)
+    actual2 = jf(*jit_args2[0], **jit_args2[1])
+    assert_same(actual2, expected2, exact=exact, atol=atol, rtol=rtol)
+    assert keraunos.compile_stats(jf)["hits"] >= 1
+    return jf
+
+
+def check_prims(fn, *args, atol=1e-5, rtol=1e-5, **kwargs):
+    """Runs the jitted trace's decomposition (prims only, through torch) and compares it with
+    eager: checks each language op's decomposition numerically."""
+    from keraunos.jit import build_program
+
+    jf = keraunos.jit(fn)
+    jit_args = clone_args((args, kwargs))
+    jf(*jit_args[0], **jit_args[1])
+    final = keraunos.last_traces(jf)[-2]
+    _, prog = build_program(final, prims=True)
+    flat_in = [t for t in pytree.tree_leaves(clone_args((args, kwargs))) if isinstance(t, torch.Tensor)]
+    eager_args = clone_args((args, kwargs))
+    expected = fn(*eager_args[0], **eager_args[1])
+    actual = prog(*flat_in)
+    e_leaves = [t for t in pytree.tree_leaves(expected)]
+    a_leaves = list(actual) if isinstance(actual, tuple) else [actual]
+    assert len(a_leaves) == len(e_leaves)
+    for a, e in zip(a_leaves, e_leaves):
+        if isinstance(e, torch.Tensor):
+            assert a.dtype == e.dtype and a.shape == e.shape, f"{a.dtype}{tuple(a.shape)} vs {e.dtype}{tuple(e.shape)}"
+            torch.testing.assert_close(a, e, atol=atol, rtol=rtol, equal_nan=True)
