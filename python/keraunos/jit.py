@@ -14,6 +14,8 @@ from . import _C
 from ._dtypes import to_kr_device, to_kr_dtype
 from .tracer import Proxy, Tracer, to_c
 
+# Tests set this to a set to collect the names of the ops that acquired traces contain.
+OP_COVERAGE: set | None = None
 _VERIFY = os.environ.get("KERAUNOS_VERIFY", "0") not in ("", "0")
 _DUMP = {s.strip() for s in os.environ.get("KERAUNOS_DUMP", "").split(",") if s.strip()}
 
@@ -128,6 +130,8 @@ class JittedFunction(_C.Dispatcher):
         single = spec.is_leaf()
         builder.set_return(c_leaves[0] if single else c_leaves)
         acquired = builder.finish()
+        if OP_COVERAGE is not None:
+            OP_COVERAGE.update(acquired.symbol_names())
         acquire_ms = (time.perf_counter() - t_start) * 1e3
         traces = _C.run_pipeline(acquired, self._fusion_type, _VERIFY, default_float)
         t_cg = time.perf_counter()

@@ -121,8 +121,8 @@ static Arg add_sub(Builder& b, const Arg::List& a, OpId prim, std::string_view n
   Arg x = a[0], y = a[1];
   const Arg& alpha = a[2];
   for (const auto& t : {x, y})
-    if (prim == OpId::prim_sub && t.is_tensor())
-      KR_CHECK(t.tensor()->dtype != DType::Bool, Runtime,
+    if (prim == OpId::prim_sub)
+      KR_CHECK(!(t.is_tensor() ? t.tensor()->dtype == DType::Bool : t.is_bool()), Runtime,
                "Subtraction, the `-` operator, with a bool tensor is not supported. If you are "
                "trying to invert a mask, use the `~` or `logical_not()` operator instead.");
   DType r = result_type({x, y}, b.options().default_float);
