@@ -41,9 +41,17 @@ _PROGRAM_GLOBALS = None
 def _program_globals():
     global _PROGRAM_GLOBALS
     if _PROGRAM_GLOBALS is None:
+        import importlib
+
         from . import _kr, _prims
 
         _PROGRAM_GLOBALS = {"torch": torch, "_kr": _kr, "_prims": _prims}
+        # Helper modules of op families, by the prefix their torch callables use.
+        for alias, mod in (("_shape", "_shape_impl"), ("_nn", "_nn_impl")):
+            try:
+                _PROGRAM_GLOBALS[alias] = importlib.import_module(f"{__package__}.{mod}")
+            except ModuleNotFoundError:
+                pass
     return _PROGRAM_GLOBALS
 
 
@@ -133,6 +141,7 @@ class JittedFunction(_C.Dispatcher):
         if OP_COVERAGE is not None:
             OP_COVERAGE.update(acquired.symbol_names())
         acquire_ms = (time.perf_counter() - t_start) * 1e3
+        acquired.ms = acquire_ms
         traces = _C.run_pipeline(acquired, self._fusion_type, _VERIFY, default_float)
         t_cg = time.perf_counter()
         src, program = build_program(traces[-1])

@@ -40,7 +40,33 @@ def where() -> str:
     return f"{file}:{line}"
 
 
+_PUBLIC_NAMES: dict[int, str] | None = None
+
+
+def _public_names() -> dict[int, str]:
+    """id(callable) -> its public name, for the torch namespaces users call."""
+    global _PUBLIC_NAMES
+    if _PUBLIC_NAMES is None:
+        names: dict[int, str] = {}
+        spaces = [("torch.Tensor", torch.Tensor), ("torch.nn.functional", torch.nn.functional),
+                  ("torch.fft", torch.fft), ("torch.linalg", torch.linalg),
+                  ("torch.special", torch.special), ("torch", torch)]
+        for prefix, ns in spaces:
+            for attr in dir(ns):
+                try:
+                    obj = getattr(ns, attr)
+                except Exception:
+                    continue
+                if callable(obj):
+                    names.setdefault(id(obj), f"{prefix}.{attr}")
+        _PUBLIC_NAMES = names
+    return _PUBLIC_NAMES
+
+
 def callable_name(func) -> str:
+    public = _public_names().get(id(func))
+    if public is not None:
+        return public
     qual = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
     mod = getattr(func, "__module__", None)
     if qual.startswith("TensorBase.") or qual.startswith("_TensorBase."):

@@ -55,6 +55,9 @@ PyType_Slot dispatcher_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(dispa
 
 NB_MODULE(_C, m) {
   m.doc() = "keraunos core (C++)";
+  // Traces and proxies reachable from module globals at interpreter exit are not freed by
+  // Python; nanobind would report them as leaks.
+  nb::set_leak_warnings(false);
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -115,7 +118,7 @@ NB_MODULE(_C, m) {
 
   nb::class_<Trace>(m, "Trace")
       .def_ro("stage", &Trace::stage)
-      .def_ro("ms", &Trace::ms)
+      .def_rw("ms", &Trace::ms)
       .def("__str__", [](const Trace& t) { return t.str(true); })
       .def("str", &Trace::str, "with_subsymbols"_a = true)
       .def_prop_ro("inputs",

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Sets up everything keraunos needs on a fresh machine: a virtual environment with a pinned
+# CPU build of torch, the build tools, and keraunos itself built from source.
+# Idempotent: a second run only rebuilds keraunos.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+PY="${PYTHON:-python3}"
+VENV="${KERAUNOS_VENV:-$root/.venv}"
+# Pinned: an open torch range would pull a multi-GB CUDA build; 2.13.0 is the CPU build.
+TORCH_SPEC="${KERAUNOS_TORCH:-torch==2.13.0}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c "import torch, nanobind, scikit_build_core, pytest, ruff" 2>/dev/null; then
+  echo "[setup] installing $TORCH_SPEC and build tools"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "$TORCH_SPEC" numpy \
+    "nanobind>=2.0" "scikit-build-core>=0.10" cmake ninja pytest ruff
+fi
+echo "[setup] building keraunos"
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps "$root"
+echo "[setup] ready: $("$VENV/bin/python" -c 'import keraunos, torch; print("keraunos", keraunos.__version__, "torch", torch.__version__)')"
