@@ -63,3 +63,13 @@ def elu_(a, alpha=1.0):
 
 def hardtanh_(a, min_val=-1.0, max_val=1.0):
     return _F.hardtanh(a, min_val, max_val, inplace=True)
+
+
+def flat_storage(a, perm):
+    """The elements of a dense tensor in storage order, as a 1-D tensor."""
+    return a.permute(perm).reshape(-1)
+
+
+def gather_strided(storage, size, stride, offset):
+    """Elements of a 1-D storage value at offset + sum(i * stride): a view, never written."""
+    return torch.as_strided(storage, size, stride, storage.storage_offset() + offset)

@@ -184,3 +184,11 @@ def uniform(shape, low, high, *, dtype, device):
 
 def normal(shape, mean, std, *, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device).normal_(mean, std)
+
+
+def as_strided(storage, size, stride, offset):
+    return torch.as_strided(storage, size, stride, offset).clone()
+
+
+def as_strided_scatter(storage, src, size, stride, offset):
+    return torch.as_strided_scatter(storage, src, size, stride, offset)

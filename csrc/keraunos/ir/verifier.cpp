@@ -53,7 +53,7 @@ std::string verify(const Trace& trace, const VerifyOptions& opts) {
       if (d.id == OpId::prim_copy_) {
         epilogue = true;
         bool is_input = false;
-        for (const auto& t : trace.inputs) is_input |= t == b.args[0].tensor();
+        for (const auto& t : trace.inputs) is_input |= t->storage_id == b.args[0].tensor()->storage_id;
         if (!is_input) return "copy_ into a non-input after functionalization (" + where + ")";
       } else if (epilogue && !d.has(tags::Ret)) {
         return "a symbol follows the epilogue copies (" + where + ")";

@@ -3,6 +3,7 @@
 #include "keraunos/ir/error.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace keraunos {
 
@@ -63,11 +64,12 @@ bool arg_mentions(const Arg::List& args, const TensorRef& t) {
 }
 } // namespace
 
-Arg Builder::call(OpId op, Arg::List args) {
+Arg Builder::call(OpId op, Arg::List args, std::shared_ptr<const SourceLoc> loc) {
   KR_INTERNAL(!returned_, "call after return");
   const OpDef& d = op_def(op);
   BoundSymbol b;
   b.op = op;
+  b.loc = std::move(loc);
   b.args = std::move(args);
   scopes_.push_back(&b.subsymbols);
   Arg result;
@@ -105,6 +107,28 @@ Arg Builder::call_user(OpId op, const Arg::List& args, const Kwargs& kwargs,
     std::string where = loc && loc->line > 0 ? " (at " + loc->str() + ")" : "";
     throw UserError(e.kind(), std::string(e.what()) + where);
   }
+}
+
+namespace {
+void scan_names(const BoundSymbol& b, int64_t& name, int64_t& storage) {
+  auto see = [&](const TensorRef& t) {
+    if (t->name.size() > 1 && t->name[0] == 't')
+      name = std::max<int64_t>(name, std::strtoll(t->name.c_str() + 1, nullptr, 10) + 1);
+    storage = std::max<int64_t>(storage, t->storage_id + 1);
+  };
+  for (const auto& t : b.inputs()) see(t);
+  for (const auto& t : b.outputs()) see(t);
+  for (const auto& s : b.subsymbols) scan_names(s, name, storage);
+}
+} // namespace
+
+void Builder::reserve_names(const Trace& t) {
+  for (const auto& i : t.inputs) {
+    if (i->name.size() > 1 && i->name[0] == 't')
+      next_name_ = std::max<int64_t>(next_name_, std::strtoll(i->name.c_str() + 1, nullptr, 10) + 1);
+    next_storage_ = std::max<int64_t>(next_storage_, i->storage_id + 1);
+  }
+  for (const auto& b : t.bsyms) scan_names(b, next_name_, next_storage_);
 }
 
 void Builder::write_into(const TensorRef& dst, const TensorRef& src) {

@@ -32,11 +32,17 @@ public:
                      std::optional<DType> dtype = std::nullopt);
 
   // Records `op(args)` (args already canonical) in the current scope; returns its outputs.
-  Arg call(OpId op, Arg::List args);
+  Arg call(OpId op, Arg::List args, std::shared_ptr<const SourceLoc> loc = nullptr);
   // Binds a user call (positional + keyword args) and records it with its source location.
   // User errors are re-thrown naming `display` and the location.
   Arg call_user(OpId op, const Arg::List& args, const Kwargs& kwargs, const std::string& display,
                 std::shared_ptr<const SourceLoc> loc);
+
+  // Appends a ready-made bound symbol to the current scope (passes that copy symbols).
+  void append(BoundSymbol b) { scopes_.back()->push_back(std::move(b)); }
+  // Makes fresh names and storage ids start above every one `t` uses (passes that add
+  // symbols to an existing trace).
+  void reserve_names(const Trace& t);
 
   // Records the write of `src` into `dst` (prims.copy_, converting dtype).
   void write_into(const TensorRef& dst, const TensorRef& src);

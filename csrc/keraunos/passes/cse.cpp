@@ -9,10 +9,13 @@
 //   t2 = ltorch.sin(t0)    ->    t3 = ltorch.add(t1, t1)
 //   t3 = ltorch.add(t1, t2)      return t3
 //   return t3
+//
+// A symbol whose outputs are returned is never replaced: eager returns distinct tensors.
 #include "keraunos/passes/cse.h"
 
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace keraunos {
 
@@ -40,6 +43,11 @@ PassResult cse(const Trace& trace, const PassContext&) {
   std::unordered_map<int64_t, int64_t> version; // storage id -> writes so far
   std::unordered_map<std::string, std::vector<TensorRef>> seen;
   ProxyMap replace;
+  // Outputs stay distinct tensors, as in eager: a symbol whose result is returned is kept.
+  std::vector<TensorRef> returned;
+  trace.output().collect_tensors(returned);
+  std::unordered_set<const TensorProxy*> is_returned;
+  for (const auto& t : returned) is_returned.insert(t.get());
   PassResult r;
   r.trace.inputs = trace.inputs;
   for (const auto& orig : trace.bsyms) {
@@ -54,8 +62,10 @@ PassResult cse(const Trace& trace, const PassContext&) {
         k += ";";
       }
       auto mine = b.outputs();
+      bool keep = false;
+      for (const auto& t : mine) keep |= is_returned.count(t.get()) > 0;
       auto [it, fresh] = seen.emplace(std::move(k), mine);
-      if (!fresh) {
+      if (!fresh && !keep) {
         for (size_t i = 0; i < mine.size(); ++i) replace[mine[i].get()] = it->second[i];
         r.changed = true;
         continue;

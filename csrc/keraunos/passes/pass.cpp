@@ -28,9 +28,16 @@ BoundSymbol substitute(const BoundSymbol& b, const ProxyMap& m) {
   return r;
 }
 
+bool writes_memory(const BoundSymbol& b) {
+  if (b.def().is_inplace()) return true;
+  for (const auto& s : b.subsymbols)
+    if (writes_memory(s)) return true;
+  return false;
+}
+
 bool has_effect(const BoundSymbol& b) {
   const OpDef& d = b.def();
-  return d.has(tags::I | tags::S | tags::N | tags::Ret);
+  return d.has(tags::I | tags::S | tags::N | tags::Ret) || writes_memory(b);
 }
 
 } // namespace keraunos

@@ -26,6 +26,10 @@ using ProxyMap = std::unordered_map<const TensorProxy*, TensorRef>;
 Arg substitute(const Arg& a, const ProxyMap& m);
 BoundSymbol substitute(const BoundSymbol& b, const ProxyMap& m);
 
+// Whether `b` writes memory: an in-place op, or an op whose decomposition writes (batch_norm's
+// running statistics).
+bool writes_memory(const BoundSymbol& b);
+
 // Whether a symbol must stay even when nothing reads its outputs (writes memory, draws
 // random numbers, or returns).
 bool has_effect(const BoundSymbol& b);

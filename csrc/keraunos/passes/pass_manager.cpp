@@ -4,6 +4,7 @@
 #include "keraunos/ir/verifier.h"
 #include "keraunos/passes/cse.h"
 #include "keraunos/passes/dce.h"
+#include "keraunos/passes/functionalize.h"
 
 #include <chrono>
 
@@ -14,19 +15,22 @@ namespace {
 struct NamedPass {
   const char* name;
   PassFn fn;
+  bool functional; // the output is functional (checked as such)
 };
 
-// The pipeline. Functionalization and partitioning join it in their own passes.
+// The pipeline.
 constexpr NamedPass kPasses[] = {
-    {"dce", &dce},
-    {"cse", &cse},
-    {"dce", &dce},
+    {"functionalize", &functionalize, true},
+    {"dce", &dce, true},
+    {"cse", &cse, true},
+    {"dce", &dce, true},
 };
 
 void check(const Trace& before, const Trace& after, const char* pass, const PassContext& ctx,
-           bool claimed_change) {
+           bool claimed_change, bool functional) {
   VerifyOptions vo;
   vo.builder = ctx.builder;
+  vo.functional = functional;
   std::string err = verify(after, vo);
   if (err.empty() && !claimed_change && before.str(false) != after.str(false)) {
     // Headers differ by stage name; compare bodies only.
@@ -50,14 +54,14 @@ std::vector<Trace> run_pipeline(Trace acquired, const PassContext& ctx) {
   KR_CHECK(ctx.fusion_type == "consecutive" || ctx.fusion_type == "dataflow", Value,
            "fusion_type must be 'consecutive' or 'dataflow', got '", ctx.fusion_type, "'");
   std::vector<Trace> stages;
-  if (ctx.verify) check(acquired, acquired, "acquire", ctx, true);
+  if (ctx.verify) check(acquired, acquired, "acquire", ctx, true, false);
   stages.push_back(std::move(acquired));
   for (const auto& p : kPasses) {
     auto t0 = std::chrono::steady_clock::now();
     PassResult r = p.fn(stages.back(), ctx);
     r.trace.stage = p.name;
     r.trace.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (ctx.verify) check(stages.back(), r.trace, p.name, ctx, r.changed);
+    if (ctx.verify) check(stages.back(), r.trace, p.name, ctx, r.changed, p.functional);
     stages.push_back(std::move(r.trace));
   }
   return stages;
