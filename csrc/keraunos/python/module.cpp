@@ -170,7 +170,8 @@ NB_MODULE(_C, m) {
              Arg r = b.call_user(d->id, args_from_py(args), kwargs_from_py(kwargs), display, loc);
              return arg_to_py(r);
            })
-      .def("set_return", [](Builder& b, nb::handle out) { b.set_return(arg_from_py(out)); })
+      .def("set_return", [](Builder& b, nb::handle out) { b.set_return(arg_from_py(out)); },
+           nb::arg("out").none())
       .def("finish", &Builder::finish);
 
   m.def("has_op", [](const std::string& name) { return find_op(name) != nullptr; });
