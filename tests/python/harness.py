@@ -10,40 +10,7 @@ import torch.utils._pytree as pytree
 import keraunos
 
 
-def _clone_tree(x):
-    return pytree.tree_map(lambda t: _clone_keep_layout(t) if isinstance(t, torch.Tensor) else t, x)
-
-
-def _clone_keep_layout(t: torch.Tensor) -> torch.Tensor:
-    """A copy with the same strides, offset and aliasing as the original within one call's
-    arguments is built by `clone_args`; this clones one tensor keeping its strides."""
-    out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    out.requires_grad_(t.requires_grad)
-    return out
-
-
-def clone_args(args):
-    """Deep-copies args, preserving storage sharing between tensors (views stay views of a
-    copied storage) so that eager and jit see the same aliasing pattern."""
-    leaves, spec = pytree.tree_flatten(args)
-    storages: dict[int, torch.UntypedStorage] = {}
-    out = []
-    for leaf in leaves:
-        if not isinstance(leaf, torch.Tensor):
-            out.append(leaf)
-            continue
-        st = leaf.untyped_storage()
-        key = st.data_ptr() if st.nbytes() else id(leaf)
-        if key not in storages:
-            storages[key] = st.clone()
-        t = torch.empty(0, dtype=leaf.dtype, device=leaf.device).set_(
-            storages[key], leaf.storage_offset(), leaf.size(), leaf.stride()
-        )
-        if leaf.requires_grad:
-            t.requires_grad_(True)
-        out.append(t)
-    return pytree.tree_unflatten(out, spec)
+from keraunos.testing import alias_pattern, clone_args  # noqa: E402
 
 
 def assert_same(actual, expected, *, exact=True, atol=None, rtol=None, what="output"):
@@ -62,27 +29,6 @@ def assert_same(actual, expected, *, exact=True, atol=None, rtol=None, what="out
                 torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}[{i}]: {m}")
         else:
             assert a == e or (a != a and e != e), f"{what}[{i}]: {a!r} vs eager {e!r}"
-
-
-def alias_pattern(args, outputs):
-    """For each output tensor: the indices of input tensors and earlier outputs it shares
-    storage with, and whether it is the very same object."""
-    ins = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
-    outs = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
-
-    def sid(t):
-        return t.untyped_storage().data_ptr() if t.numel() else None
-
-    pat = []
-    for j, o in enumerate(outs):
-        s = sid(o)
-        pat.append((
-            tuple(i for i, t in enumerate(ins) if s is not None and sid(t) == s),
-            tuple(i for i, t in enumerate(ins) if t is o),
-            tuple(k for k in range(j) if s is not None and sid(outs[k]) == s),
-            tuple(k for k in range(j) if outs[k] is o),
-        ))
-    return pat
 
 
 def check(fn, *args, fusion_type="consecutive", exact=True, atol=None, rtol=None, seed=None,

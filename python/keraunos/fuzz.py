@@ -1,0 +1,247 @@
+"""Differential fuzzer: random programs mixing views, in-place ops, copy_, setitem,
+out-of-place math, reductions, aliased inputs and returns of views, run eagerly and through
+keraunos.jit, compared on (a) outputs, (b) the contents of every input after the call and
+(c) which outputs alias which inputs and outputs.
+
+    python -m keraunos.fuzz --programs 20000 --fusion-type dataflow --seed 0
+
+Programs are plain Python source, generated line by line: a candidate line is kept only if
+eager runs it, so every program is valid PyTorch. A failure is shrunk (lines removed while it
+still fails) and printed as a standalone reproducer."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+import traceback
+
+import torch
+
+import keraunos
+
+# Input patterns: (source lines building `args`, names of the parameters).
+_INPUT_PATTERNS = [
+    (["a = torch.randn(4, 6)", "args = (a,)"], 1),
+    (["a = torch.randn(4, 6)", "b = torch.randn(6)", "args = (a, b)"], 2),
+    (["a = torch.randn(4, 6)", "args = (a, a)"], 2),  # the same tensor twice
+    (["base = torch.randn(4, 6)", "args = (base[:2], base[2:])"], 2),  # disjoint views
+    (["base = torch.randn(4, 6)", "args = (base[:3], base[1:])"], 2),  # overlapping views
+    (["base = torch.randn(4, 6)", "args = (base, base[1])"], 2),  # a base and its view
+    (["a = torch.randn(6, 4).t()", "b = torch.randn(4, 6)", "args = (a, b)"], 2),  # transposed
+    (["a = torch.randn(2, 3, 4)", "b = torch.randn(4)", "c = torch.randn(3, 4)", "args = (a, b, c)"], 3),
+    (["a = torch.randn(8, 6)[::2]", "args = (a,)"], 1),  # strided
+]
+
+_UNARY = ["sin", "cos", "exp", "tanh", "sigmoid", "abs", "neg", "relu"]
+_REDUCE = ["sum", "mean", "amax", "amin"]
+
+
+class Program:
+    def __init__(self, rng: random.Random, n_inputs: int, setup: list[str]):
+        self.rng = rng
+        self.setup = setup
+        self.params = [f"x{i}" for i in range(n_inputs)]
+        self.lines: list[str] = []
+        self.returns: list[str] = []
+
+    def source(self, lines=None, returns=None) -> str:
+        lines = self.lines if lines is None else lines
+        returns = self.returns if returns is None else returns
+        body = "\n".join(f"    {ln}" for ln in lines) or "    pass"
+        ret = ", ".join(returns)
+        return f"def f({', '.join(self.params)}):\n{body}\n    return ({ret}{',' if len(returns) == 1 else ''})\n"
+
+
+def _make_args(setup):
+    ns = {"torch": torch}
+    exec("\n".join(setup), ns)
+    return ns["args"]
+
+
+def _compile(src):
+    ns = {"torch": torch}
+    exec(src, ns)
+    return ns["f"]
+
+
+def _vars_of(prog: Program, ns_vals: dict) -> list[str]:
+    return [k for k, v in ns_vals.items() if isinstance(v, torch.Tensor)]
+
+
+def _candidate(prog: Program, tensors: dict, fresh: str) -> str:
+    rng = prog.rng
+    names = list(tensors)
+    x = rng.choice(names)
+    t = tensors[x]
+    y = rng.choice(names)
+    nd = t.dim()
+    d = rng.randrange(nd) if nd else 0
+    kind = rng.random()
+    if kind < 0.30:  # views
+        opts = [f"{fresh} = {x}.view(-1)", f"{fresh} = {x}[1:]", f"{fresh} = {x}[::2]",
+                f"{fresh} = {x}.unsqueeze(0)", f"{fresh} = {x}.reshape(-1)"]
+        if nd >= 1:
+            opts += [f"{fresh} = {x}[0]", f"{fresh} = {x}.narrow({d}, 0, 1)",
+                     f"{fresh} = {x}.select({d}, -1)", f"{fresh} = {x}.chunk(2, {d})[0]",
+                     f"{fresh} = {x}[..., 1:]"]
+        if nd >= 2:
+            opts += [f"{fresh} = {x}.t()" if nd == 2 else f"{fresh} = {x}.transpose(0, 1)",
+                     f"{fresh} = {x}.diagonal()", f"{fresh} = {x}[:, 1]", f"{fresh} = {x}.permute({', '.join(str(i) for i in reversed(range(nd)))})"]
+        return rng.choice(opts)
+    if kind < 0.60:  # in-place
+        opts = [f"{x}.add_({y})", f"{x}.mul_(2)", f"{x}.sin_()", f"{x}.copy_({y})",
+                f"{x}.zero_()", f"{x}.fill_(1.5)", f"{x}.clamp_(-0.5, 0.5)", f"{x}.sub_({y}, alpha=2)",
+                f"{x}.masked_fill_({x} > 0, 0.25)", f"{x} += 1", f"{x}.relu_()", f"{x}.exp_()"]
+        if nd >= 1:
+            opts += [f"{x}[0] = {y}" if rng.random() < 0.5 else f"{x}[0] = 3.0",
+                     f"{x}[1:] = 0.5", f"{x}[..., :1] = {y}[..., :1]"]
+        return rng.choice(opts)
+    if kind < 0.90:  # out-of-place math
+        opts = [f"{fresh} = {x} + {y}", f"{fresh} = {x} * {y}", f"{fresh} = {x}.{rng.choice(_UNARY)}()",
+                f"{fresh} = torch.where({x} > 0, {x}, {y})", f"{fresh} = {x} * 2 - 1",
+                f"{fresh} = {x}.clone()", f"{fresh} = ({x} + 1).view(-1)"]
+        if nd >= 1:
+            opts += [f"{fresh} = {x}.{rng.choice(_REDUCE)}({d}, keepdim={rng.random() < 0.5})",
+                     f"{fresh} = {x}.softmax({d})", f"{fresh} = {x}.cumsum({d})"]
+        return rng.choice(opts)
+    return f"{fresh} = torch.randn({tuple(t.shape)})"
+
+
+def generate(seed: int, max_lines: int = 10) -> Program:
+    rng = random.Random(seed)
+    setup, n = rng.choice(_INPUT_PATTERNS)
+    prog = Program(rng, n, setup)
+    torch.manual_seed(seed)
+    args = _make_args(setup)
+    n_lines = rng.randint(1, max_lines)
+    counter = 0
+    attempts = 0
+    while len(prog.lines) < n_lines and attempts < n_lines * 8:
+        attempts += 1
+        ns = {"torch": torch}
+        ns.update({p: a for p, a in zip(prog.params, _clone(args))})
+        try:
+            exec("\n".join(prog.lines), ns)
+        except Exception:  # pragma: no cover - the prefix always runs
+            break
+        tensors = {k: v for k, v in ns.items() if isinstance(v, torch.Tensor)}
+        fresh = f"v{counter}"
+        line = _candidate(prog, tensors, fresh)
+        try:
+            exec(line, ns)
+        except Exception:
+            continue
+        if not all(torch.isfinite(v).all() for v in ns.values() if isinstance(v, torch.Tensor) and v.is_floating_point()):
+            continue
+        prog.lines.append(line)
+        counter += 1
+    ns = {"torch": torch}
+    ns.update({p: a for p, a in zip(prog.params, _clone(args))})
+    exec("\n".join(prog.lines), ns)
+    names = [k for k, v in ns.items() if isinstance(v, torch.Tensor)]
+    k = rng.randint(1, min(3, len(names)))
+    prog.returns = rng.sample(names, k)
+    return prog
+
+
+def _clone(args):
+    from .testing import clone_args
+
+    return clone_args(args)
+
+
+def run_one(prog: Program, seed: int, fusion_type: str) -> str | None:
+    """None when keraunos agrees with eager, else a description of the mismatch."""
+    from .testing import compare
+
+    return compare(_compile(prog.source()), _make_args(prog.setup), fusion_type=fusion_type, seed=seed)
+
+
+def shrink(prog: Program, seed: int, fusion_type: str) -> Program:
+    """Removes lines (and returns) while the program still runs eagerly and still fails."""
+
+    def fails(lines, returns):
+        src = prog.source(lines, returns)
+        try:
+            f = _compile(src)
+            from .testing import clone_args
+
+            f(*clone_args(_make_args(prog.setup)))
+        except Exception:
+            return False  # no longer a valid program
+        from .testing import compare
+
+        return compare(f, _make_args(prog.setup), fusion_type=fusion_type, seed=seed) is not None
+
+    lines, returns = list(prog.lines), list(prog.returns)
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(lines)):
+            cand = lines[:i] + lines[i + 1 :]
+            if fails(cand, returns):
+                lines, changed = cand, True
+                break
+        for i in range(len(returns)):
+            if len(returns) > 1:
+                cand = returns[:i] + returns[i + 1 :]
+                if fails(lines, cand):
+                    returns, changed = cand, True
+                    break
+    out = Program(prog.rng, len(prog.params), prog.setup)
+    out.lines, out.returns = lines, returns
+    return out
+
+
+def reproducer(prog: Program, seed: int, fusion_type: str, problem: str) -> str:
+    setup = "\n".join(prog.setup)
+    return f'''# keraunos fuzzer reproducer (seed {seed}, fusion_type={fusion_type!r})
+# {problem.splitlines()[0] if problem else ''}
+import torch
+import keraunos
+from keraunos.testing import compare
+
+{prog.source()}
+torch.manual_seed({seed})
+{setup}
+print(compare(f, args, fusion_type={fusion_type!r}, seed={seed}) or "agrees with eager")
+'''
+
+
+def fuzz(programs: int, seed: int, fusion_type: str, max_lines: int = 10, verbose=False) -> list[str]:
+    failures = []
+    for i in range(programs):
+        s = seed + i
+        prog = generate(s, max_lines)
+        problem = run_one(prog, s, fusion_type)
+        if problem is not None:
+            small = shrink(prog, s, fusion_type)
+            failures.append(reproducer(small, s, fusion_type, problem))
+            if verbose:
+                print(failures[-1])
+                print(problem)
+    return failures
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--programs", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fusion-type", default="both", choices=["consecutive", "dataflow", "both"])
+    ap.add_argument("--max-lines", type=int, default=10)
+    args = ap.parse_args(argv)
+    kinds = ["consecutive", "dataflow"] if args.fusion_type == "both" else [args.fusion_type]
+    total_fail = 0
+    for ft in kinds:
+        t0 = time.perf_counter()
+        fails = fuzz(args.programs, args.seed, ft, args.max_lines, verbose=True)
+        total_fail += len(fails)
+        print(f"fusion_type={ft}: {args.programs} programs, {len(fails)} mismatches "
+              f"({time.perf_counter() - t0:.1f} s)")
+    return 1 if total_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

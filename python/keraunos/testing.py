@@ -1,0 +1,106 @@
+"""Comparing keraunos with eager PyTorch: used by the tests and the fuzzer."""
+
+from __future__ import annotations
+
+import traceback
+
+import torch
+import torch.utils._pytree as pytree
+
+import keraunos
+
+
+def clone_args(args):
+    """Deep-copies args, preserving storage sharing between tensors (views stay views of a
+    copied storage) so that eager and jit see the same aliasing pattern."""
+    leaves, spec = pytree.tree_flatten(args)
+    storages: dict[int, torch.UntypedStorage] = {}
+    out = []
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+            continue
+        st = leaf.untyped_storage()
+        key = st.data_ptr() if st.nbytes() else id(leaf)
+        if key not in storages:
+            storages[key] = st.clone()
+        t = torch.empty(0, dtype=leaf.dtype, device=leaf.device).set_(
+            storages[key], leaf.storage_offset(), leaf.size(), leaf.stride()
+        )
+        if leaf.requires_grad:
+            t.requires_grad_(True)
+        out.append(t)
+    return pytree.tree_unflatten(out, spec)
+
+
+def alias_pattern(args, outputs):
+    """For each output tensor: the input tensors and earlier outputs it shares storage with,
+    and those it is the very same object as."""
+    ins = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+    outs = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+
+    def sid(t):
+        return t.untyped_storage().data_ptr() if t.numel() else None
+
+    pat = []
+    for j, o in enumerate(outs):
+        s = sid(o)
+        pat.append((
+            tuple(i for i, t in enumerate(ins) if s is not None and sid(t) == s),
+            tuple(i for i, t in enumerate(ins) if t is o),
+            tuple(k for k in range(j) if s is not None and sid(outs[k]) == s),
+            tuple(k for k in range(j) if outs[k] is o),
+        ))
+    return pat
+
+
+def differences(actual, expected, what="output", atol=0.0, rtol=0.0) -> str | None:
+    a_leaves, a_spec = pytree.tree_flatten(actual)
+    e_leaves, e_spec = pytree.tree_flatten(expected)
+    if a_spec != e_spec:
+        return f"{what}: structure {a_spec} vs eager {e_spec}"
+    for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):
+        if isinstance(e, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                return f"{what}[{i}]: {type(a).__name__} vs an eager tensor"
+            if (a.dtype, a.shape, a.device) != (e.dtype, e.shape, e.device):
+                return f"{what}[{i}]: {a.dtype}{list(a.shape)} {a.device} vs eager {e.dtype}{list(e.shape)} {e.device}"
+            try:
+                torch.testing.assert_close(a, e, atol=atol, rtol=rtol, equal_nan=True)
+            except AssertionError as err:
+                return f"{what}[{i}]: values differ: {err}"
+        elif not (a == e or (a != a and e != e)):
+            return f"{what}[{i}]: {a!r} vs eager {e!r}"
+    return None
+
+
+def compare(fn, args, kwargs=None, *, fusion_type="consecutive", seed=None, atol=0.0, rtol=0.0,
+            check_alias=True) -> str | None:
+    """Runs fn eagerly and through keraunos.jit on copies of the same arguments. None when they
+    agree on outputs, the inputs' contents after the call and aliasing; else what differs."""
+    kwargs = kwargs or {}
+    eager_args, jit_args = clone_args((args, kwargs)), clone_args((args, kwargs))
+    if seed is not None:
+        torch.manual_seed(seed)
+    try:
+        expected = fn(*eager_args[0], **eager_args[1])
+    except Exception as e:
+        eager_error = e
+    else:
+        eager_error = None
+    if seed is not None:
+        torch.manual_seed(seed)
+    try:
+        actual = keraunos.jit(fn, fusion_type=fusion_type)(*jit_args[0], **jit_args[1])
+    except Exception as e:
+        if eager_error is not None and isinstance(e, type(eager_error)):
+            return None
+        return f"keraunos raised {type(e).__name__}: {e}\n{traceback.format_exc()}"
+    if eager_error is not None:
+        return f"eager raised {type(eager_error).__name__}: {eager_error}; keraunos did not"
+    return (
+        differences(actual, expected, "output", atol, rtol)
+        or differences(jit_args, eager_args, "input after the call", atol, rtol)
+        or (None if not check_alias or alias_pattern(jit_args, actual) == alias_pattern(eager_args, expected)
+            else f"aliasing: {alias_pattern(jit_args, actual)} vs eager {alias_pattern(eager_args, expected)}")
+    )
