@@ -5,6 +5,8 @@
 #include "keraunos/ir/error.h"
 #include "keraunos/ops/meta.h"
 
+#include <algorithm>
+
 namespace keraunos {
 
 void check_no_internal_overlap(const TensorRef& dst, std::string_view op) {
@@ -28,6 +30,70 @@ Arg impl_copy_(Builder& b, const Arg::List& a) {
   TensorRef s = expand_to(b, to_dtype(b, Arg(src), dst->dtype).tensor(), dst->shape);
   b.write_into(dst, s);
   return a[0];
+}
+
+namespace {
+// The value of a fill as a tensor of dst's shape and dtype: prims.full for a number, the 0-d
+// tensor converted and broadcast otherwise.
+TensorRef fill_value(Builder& b, const TensorRef& dst, const Arg& value, std::string_view op) {
+  if (!value.is_tensor())
+    return b.call(OpId::prim_full, {Arg::int_list(dst->shape), value, Arg(dst->dtype),
+                                    Arg(dst->device)})
+        .tensor();
+  const auto& v = value.tensor();
+  KR_CHECK(v->ndim() == 0, Runtime, op,
+           " only supports 0-dimension value tensor but got tensor with ", v->ndim(),
+           " dimensions.");
+  return expand_to(b, to_dtype(b, value, dst->dtype).tensor(), dst->shape);
+}
+} // namespace
+
+// Eager's fill_ does not check for internal overlap: writing one value to an expanded tensor
+// is well defined.
+Arg impl_fill_(Builder& b, const Arg::List& a) {
+  const auto& dst = a[0].tensor();
+  b.write_into(dst, fill_value(b, dst, a[1], "fill_"));
+  return a[0];
+}
+
+Arg impl_zero_(Builder& b, const Arg::List& a) {
+  const auto& dst = a[0].tensor();
+  b.write_into(dst, fill_value(b, dst, Arg(int64_t{0}), "zero_"));
+  return a[0];
+}
+
+// torch.fill(a, value): empty_like(a).fill_(value). The result keeps a's layout when a is
+// dense (a permute of a tensor created in memory order).
+Arg impl_fill(Builder& b, const Arg::List& a) {
+  const auto& x = a[0].tensor();
+  const Arg& value = a[1];
+  if (value.is_tensor())
+    KR_CHECK(value.tensor()->ndim() == 0, Runtime,
+             "fill_ only supports 0-dimension value tensor but got tensor with ",
+             value.tensor()->ndim(), " dimensions.");
+  Shape strides = elementwise_strides({x}, x->shape);
+  const size_t nd = x->shape.size();
+  std::vector<int64_t> perm(nd);
+  for (size_t i = 0; i < nd; ++i) perm[i] = static_cast<int64_t>(i);
+  std::stable_sort(perm.begin(), perm.end(),
+                   [&](int64_t p, int64_t q) { return strides[p] > strides[q]; });
+  Shape pshape, inv(nd);
+  for (size_t i = 0; i < nd; ++i) {
+    pshape.push_back(x->shape[perm[i]]);
+    inv[perm[i]] = static_cast<int64_t>(i);
+  }
+  TensorRef t;
+  if (value.is_tensor()) {
+    TensorRef v = expand_to(b, to_dtype(b, value, x->dtype).tensor(), pshape);
+    t = b.call(OpId::prim_clone, {Arg(v)}).tensor();
+  } else {
+    t = b.call(OpId::prim_full, {Arg::int_list(pshape), value, Arg(x->dtype), Arg(x->device)})
+            .tensor();
+  }
+  bool identity = true;
+  for (size_t i = 0; i < nd; ++i) identity = identity && inv[i] == static_cast<int64_t>(i);
+  if (identity) return Arg(t);
+  return b.call(OpId::prim_permute, {Arg(t), Arg::int_list(inv)});
 }
 
 } // namespace ops

@@ -1,0 +1,167 @@
+// The trace printer, the torch program printer and the verifier, on small traces built with
+// the Builder.
+#include "keraunos/codegen/torch_program.h"
+#include "keraunos/ir/error.h"
+#include "keraunos/ir/verifier.h"
+#include "keraunos/ops/builder.h"
+
+#include <gtest/gtest.h>
+
+namespace keraunos {
+namespace {
+
+constexpr DType F32 = DType::Float32;
+
+// def f(a, b): c = a + b * 2 (with alpha); d = c.sin(); a.mul_(2); return d, c
+Trace sample() {
+  Builder b;
+  auto x = b.add_input(F32, Device{}, {2, 3}, {});
+  auto y = b.add_input(F32, Device{}, {3}, {});
+  auto loc = std::make_shared<SourceLoc>(SourceLoc{"user.py", 7, "f"});
+  Arg c = b.call_user(OpId::add, {Arg(x), Arg(y)}, {{"alpha", Arg(int64_t{2})}}, "torch.add", loc);
+  Arg d = b.call_user(OpId::sin, {c}, {}, "torch.sin", nullptr);
+  b.call_user(OpId::mul_, {Arg(x), Arg(int64_t{2})}, {}, "torch.Tensor.mul_", nullptr);
+  b.set_return(Arg(Arg::List{d, c}));
+  return b.finish();
+}
+
+TEST(Printer, Golden) {
+  EXPECT_EQ(sample().str(),
+            "# Constructed by acquire (0.000 ms)\n"
+            "def computation(t0, t1):\n"
+            "  # t0: cpu f32[2, 3]\n"
+            "  # t1: cpu f32[3]\n"
+            "  t4 = ltorch.add(t0, t1, alpha=2)  # t4: cpu f32[2, 3]; at user.py:7\n"
+            "    # t2 = prims.mul(t1, 2)  # t2: cpu f32[3]\n"
+            "    # t3 = prims.broadcast_in_dim(t2, [2, 3], [1])  # t3: cpu f32[2, 3] strides=[0, 1]\n"
+            "    # t4 = prims.add(t0, t3)  # t4: cpu f32[2, 3]\n"
+            "  t5 = ltorch.sin(t4)  # t5: cpu f32[2, 3]\n"
+            "    # t5 = prims.sin(t4)  # t5: cpu f32[2, 3]\n"
+            "  ltorch.mul_(t0, 2)\n"
+            "    # t6 = ltorch.mul(t0, 2)  # t6: cpu f32[2, 3]\n"
+            "      # t6 = prims.mul(t0, 2)  # t6: cpu f32[2, 3]\n"
+            "    # prims.copy_(t0, t6)\n"
+            "  return t5, t4\n");
+  EXPECT_EQ(sample().str(false),
+            "# Constructed by acquire (0.000 ms)\n"
+            "def computation(t0, t1):\n"
+            "  # t0: cpu f32[2, 3]\n"
+            "  # t1: cpu f32[3]\n"
+            "  t4 = ltorch.add(t0, t1, alpha=2)  # t4: cpu f32[2, 3]; at user.py:7\n"
+            "  t5 = ltorch.sin(t4)  # t5: cpu f32[2, 3]\n"
+            "  ltorch.mul_(t0, 2)\n"
+            "  return t5, t4\n");
+}
+
+TEST(Printer, FormatCallArgsDropsTrailingDefaults) {
+  Builder b;
+  auto x = b.add_input(F32, Device{}, {4}, {});
+  const OpDef& div = op_def(OpId::div);
+  EXPECT_EQ(format_call_args(div, {Arg(x), Arg(2.0), Arg()}), "t0, 2.0");
+  EXPECT_EQ(format_call_args(div, {Arg(x), Arg(2.0), Arg("floor")}), "t0, 2.0, rounding_mode='floor'");
+  const OpDef& full = op_def(OpId::prim_full);
+  EXPECT_EQ(format_call_args(full, {Arg::int_list({2, 2}), Arg(true), Arg(DType::Bool), Arg(Device{})}),
+            "[2, 2], True, dtype=torch.bool, device=torch.device('cpu')");
+}
+
+TEST(TorchProgram, Golden) {
+  EXPECT_EQ(torch_program(sample(), "fn"),
+            "def fn(t0, t1):\n"
+            "  t4 = _kr.add(t0, t1, alpha=2)\n"
+            "  t5 = torch.sin(t4)\n"
+            "  torch.Tensor.mul_(t0, 2)\n"
+            "  return (t5, t4, )\n");
+}
+
+TEST(TorchProgram, SingleOutputAndNoInputs) {
+  Builder b;
+  Arg r = b.call(OpId::randn, {Arg::int_list({4}), Arg(F32), Arg(Device{}), Arg(false)});
+  b.set_return(r);
+  EXPECT_EQ(torch_program(b.finish()),
+            "def program():\n"
+            "  t0 = torch.randn([4], dtype=torch.float32, device=torch.device('cpu'))\n"
+            "  return t0\n");
+}
+
+// --- verifier ---
+
+TEST(Verifier, ValidTracePasses) {
+  EXPECT_EQ(verify(sample()), "");
+  VerifyOptions no_reinfer;
+  no_reinfer.reinfer = false;
+  EXPECT_EQ(verify(sample(), no_reinfer), "");
+}
+
+TEST(Verifier, UseBeforeDefinition) {
+  Trace t = sample();
+  std::swap(t.bsyms[0], t.bsyms[1]); // sin(t4) before t4 = add(...)
+  EXPECT_EQ(verify(t), "proxy t4 is used before it is defined (line 0: t5 = ltorch.sin(t4))");
+}
+
+TEST(Verifier, DuplicatedName) {
+  Trace t = sample();
+  t.bsyms.insert(t.bsyms.begin() + 1, t.bsyms[1]); // t5 = sin(t4) twice
+  EXPECT_EQ(verify(t), "proxy t5 is defined twice (line 2: t5 = ltorch.sin(t4))");
+  // Two proxies (distinct objects) with one name.
+  Trace u = sample();
+  auto clash = std::make_shared<TensorProxy>(*u.inputs[1]);
+  clash->name = "t0";
+  u.inputs[1] = clash;
+  EXPECT_EQ(verify(u), "proxy t0 is defined twice (input)");
+}
+
+TEST(Verifier, MissingReturn) {
+  Trace t = sample();
+  t.bsyms.pop_back();
+  EXPECT_EQ(verify(t), "the trace does not end with return");
+  Trace e;
+  EXPECT_EQ(verify(e), "the trace does not end with return");
+}
+
+TEST(Verifier, ReturnNotLast) {
+  Trace t = sample();
+  t.bsyms.insert(t.bsyms.begin() + 2, t.bsyms.back());
+  EXPECT_EQ(verify(t), "return is not last (line 2: return t5, t4)");
+}
+
+TEST(Verifier, TamperedOutputShape) {
+  Builder b;
+  auto x = b.add_input(F32, Device{}, {2, 3}, {});
+  Arg s = b.call(OpId::prim_sin, {Arg(x)}); // a top-level prim: no decomposition
+  b.set_return(s);
+  Trace t = b.finish();
+  ASSERT_EQ(verify(t), "");
+  auto bad = std::make_shared<TensorProxy>(*t.bsyms[0].out.tensor());
+  bad->shape = {6};
+  bad->strides = {1};
+  t.bsyms[0].out = Arg(TensorRef(bad));
+  t.bsyms[1].args[0] = Arg(TensorRef(bad));
+  EXPECT_EQ(verify(t), "recorded cpu f32[6] but the meta functions infer cpu f32[2, 3] (line 0: "
+                       "t1 = prims.sin(t0))");
+  VerifyOptions no_reinfer;
+  no_reinfer.reinfer = false;
+  EXPECT_EQ(verify(t, no_reinfer), "");
+}
+
+TEST(Verifier, TamperedOutputDType) {
+  Trace t = sample();
+  // The top-level output of sin no longer comes from its decomposition.
+  auto other = std::make_shared<TensorProxy>(*t.bsyms[1].out.tensor());
+  other->dtype = DType::Float64;
+  t.bsyms[1].out = Arg(TensorRef(other));
+  EXPECT_EQ(verify(t), "output t5 is not produced by the decomposition (line 1: t5 = ltorch.sin(t4))");
+  // Tamper the decomposition consistently: the meta functions disagree.
+  t.bsyms[1].subsymbols[0].out = Arg(TensorRef(other));
+  EXPECT_EQ(verify(t), "recorded cpu f64[2, 3] but the meta functions infer cpu f32[2, 3] "
+                       "(line 1: t5 = ltorch.sin(t4))");
+}
+
+TEST(Verifier, FunctionalMode) {
+  VerifyOptions functional;
+  functional.functional = true;
+  EXPECT_EQ(verify(sample(), functional),
+            "in-place symbol after functionalization (line 2: ltorch.mul_(t0, 2))");
+}
+
+} // namespace
+} // namespace keraunos
