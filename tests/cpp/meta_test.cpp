@@ -126,7 +126,7 @@ TEST(BroadcastShapes, Errors) {
 // Eager numbers the dimension in the broadcast result: torch.add(zeros(5, 2, 3), zeros(4, 3))
 // says "... at non-singleton dimension 1". keraunos says 0 (the index within the shorter
 // shape). Disabled until meta.cpp's broadcast_shapes offsets the index.
-TEST(BroadcastShapes, DISABLED_ErrorNamesTheResultDimension) {
+TEST(BroadcastShapes, ErrorNamesTheResultDimension) {
   EXPECT_EQ(broadcast_error({{5, 2, 3}, {4, 3}}),
             "torch.add: The size of tensor a (2) must match the size of tensor b (4) at "
             "non-singleton dimension 1 (shapes [5, 2, 3] and [4, 3])");
@@ -169,7 +169,7 @@ TEST(ElementwiseStrides, MatchesTensorIterator) {
 // Eager keeps the exact strides of a non-overlapping and dense input, size-1 dims included:
 // neg of as_strided((3, 1, 4), (1, 7, 3)) has strides (1, 7, 3). keraunos recomputes the
 // size-1 dim's stride. Disabled until elementwise_strides copies dense layouts.
-TEST(ElementwiseStrides, DISABLED_DenseInputWithOddSizeOneStride) {
+TEST(ElementwiseStrides, DenseInputWithOddSizeOneStride) {
   Builder b;
   auto t = b.add_input(F32, Device{}, {3, 1, 4}, {1, 7, 3});
   EXPECT_EQ(elementwise_strides({t}, {3, 1, 4}), (Shape{1, 7, 3}));

@@ -99,6 +99,18 @@ TEST(CSE, NeverMergesRandomOps) {
   EXPECT_EQ(lines(r.trace), lines(t));
 }
 
+TEST(CSE, KeepsReturnedTensorsDistinct) {
+  Builder b;
+  auto x = b.add_input(F32, Device{}, {4}, {});
+  Arg s1 = b.call(OpId::sin, {Arg(x)});
+  Arg s2 = b.call(OpId::sin, {Arg(x)});
+  b.set_return(Arg(Arg::List{s1, s2}));
+  Trace t = b.finish();
+  PassResult r = cse(t, PassContext{});
+  EXPECT_FALSE(r.changed);
+  EXPECT_EQ(lines(r.trace), lines(t));
+}
+
 TEST(CSE, NotAcrossAnInPlaceWriteToTheSameStorage) {
   Builder b;
   auto x = b.add_input(F32, Device{}, {4}, {}, 0, /*storage_id=*/0);
@@ -110,7 +122,10 @@ TEST(CSE, NotAcrossAnInPlaceWriteToTheSameStorage) {
   b.call(OpId::add_, {Arg(alias), Arg(int64_t{1}), Arg(int64_t{1})}); // writes x's memory
   Arg s3 = b.call(OpId::sin, {Arg(x)});               // a new value: stays
   Arg s4 = b.call(OpId::sin, {Arg(x)});               // merges with s3
-  b.set_return(Arg(Arg::List{s1, s2, s3, s4}));
+  // Returned tensors stay distinct (as in eager), so return sums of the pairs.
+  Arg u = b.call(OpId::add, {s1, s2, Arg(int64_t{1})});
+  Arg v = b.call(OpId::add, {s3, s4, Arg(int64_t{1})});
+  b.set_return(Arg(Arg::List{u, v}));
   PassResult r = cse(b.finish(), PassContext{});
   EXPECT_TRUE(r.changed);
   EXPECT_EQ(lines(r.trace), (Lines{
@@ -118,7 +133,9 @@ TEST(CSE, NotAcrossAnInPlaceWriteToTheSameStorage) {
                                 "ltorch.mul_(t2, 3)",
                                 "ltorch.add_(t1, 1)",
                                 "t7 = ltorch.sin(t0)",
-                                "return t3, t3, t7, t7",
+                                "t9 = ltorch.add(t3, t3)",
+                                "t10 = ltorch.add(t7, t7)",
+                                "return t9, t10",
                             }));
   EXPECT_EQ(verify(r.trace), "");
 }

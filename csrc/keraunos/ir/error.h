@@ -8,7 +8,7 @@
 
 namespace keraunos {
 
-enum class ErrorKind { Type, Value, NotImplemented, Runtime };
+enum class ErrorKind { Type, Value, NotImplemented, Runtime, Index };
 
 class UserError : public std::runtime_error {
 public:

@@ -91,7 +91,7 @@ Shape contiguous_strides(const Shape& shape) {
 
 int64_t wrap_dim(int64_t dim, int64_t ndim, std::string_view op) {
   int64_t n = std::max<int64_t>(ndim, 1); // 0-d tensors accept dim 0 and -1
-  KR_CHECK(dim >= -n && dim < n, Value, op, ": Dimension out of range (expected to be in range of [",
+  KR_CHECK(dim >= -n && dim < n, Index, op, ": Dimension out of range (expected to be in range of [",
            -n, ", ", n - 1, "], but got ", dim, ")");
   return dim < 0 ? dim + n : dim;
 }

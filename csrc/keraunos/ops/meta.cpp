@@ -17,7 +17,8 @@ Shape broadcast_shapes(const std::vector<Shape>& shapes, std::string_view op) {
       int64_t& o = out[off + i];
       if (s[i] == o || s[i] == 1) continue;
       KR_CHECK(o == 1, Runtime, op, ": The size of tensor a (", o,
-               ") must match the size of tensor b (", s[i], ") at non-singleton dimension ", i,
+               ") must match the size of tensor b (", s[i], ") at non-singleton dimension ",
+               off + i,
                " (shapes ", shape_str(shapes.front()), " and ", shape_str(s), ")");
       o = s[i];
     }
@@ -54,6 +55,28 @@ DType result_type(const Arg::List& operands, DType default_float) {
   return combine_categories(dim, low);
 }
 
+namespace {
+// ATen's is_non_overlapping_and_dense.
+bool non_overlapping_dense(const Shape& sizes, const Shape& strides) {
+  const size_t n = sizes.size();
+  if (n == 1) return sizes[0] < 2 || strides[0] == 1;
+  std::vector<size_t> perm(n);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::sort(perm.begin(), perm.end(), [&](size_t a, size_t b) {
+    if (sizes[a] < 2) return false;
+    if (sizes[b] < 2) return true;
+    return strides[a] < strides[b];
+  });
+  int64_t require = 1;
+  for (size_t i : perm) {
+    if (sizes[i] < 2) return true;
+    if (strides[i] != require) return false;
+    require *= sizes[i];
+  }
+  return true;
+}
+} // namespace
+
 Shape elementwise_strides(const std::vector<TensorRef>& operands, const Shape& shape) {
   const int64_t nd = static_cast<int64_t>(shape.size());
   if (nd == 0) return {};
@@ -64,6 +87,10 @@ Shape elementwise_strides(const std::vector<TensorRef>& operands, const Shape& s
   bool all_contig = true;
   for (auto* t : ops) all_contig = all_contig && t->is_contiguous();
   if (ops.empty() || all_contig) return contiguous_strides(shape);
+  // All operands share one non-overlapping dense layout: the output takes it as it is.
+  bool same = non_overlapping_dense(shape, ops[0]->strides);
+  for (auto* t : ops) same = same && t->strides == ops[0]->strides;
+  if (same && ops.size() == operands.size()) return ops[0]->strides;
   // TensorIterator::reorder_dimensions: perm[0] is the innermost dim.
   std::vector<int64_t> perm(nd);
   std::iota(perm.rbegin(), perm.rend(), 0);

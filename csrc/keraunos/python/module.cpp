@@ -69,6 +69,7 @@ NB_MODULE(_C, m) {
       case ErrorKind::Value: type = PyExc_ValueError; break;
       case ErrorKind::NotImplemented: type = PyExc_NotImplementedError; break;
       case ErrorKind::Runtime: type = PyExc_RuntimeError; break;
+      case ErrorKind::Index: type = PyExc_IndexError; break;
       }
       PyErr_SetString(type, e.what());
     } catch (const InternalError& e) {
