@@ -299,6 +299,9 @@ Arg impl_cross_entropy(Builder& b, const Arg::List& a) {
   } else {
     KR_CHECK(t->dtype == DType::Int64 || t->dtype == DType::UInt8, Runtime,
              "expected target dtype to be Long or Byte, but got ", torch_type_name(t->dtype));
+    if (x->ndim() >= 2 && t->ndim() >= 1)
+      KR_CHECK(t->shape[0] == x->shape[0], Value, "Expected input batch_size (", x->shape[0],
+               ") to match target batch_size (", t->shape[0], ").");
     KR_CHECK(t->shape == no_class, Runtime, "Expected target size ", list_str(no_class), ", got ",
              list_str(t->shape));
     if (reduction == "none") out_shape = t->shape;
