@@ -258,6 +258,12 @@ def test_cross_entropy_indices(reduction, label_smoothing):
     # (N, C, d) inputs and 1-D inputs
     check(lambda x, t: F.cross_entropy(x, t, **kw), _r(2, 5, 3), torch.tensor([[0, 1, 4], [3, 3, 2]]))
     check(lambda x, t: F.cross_entropy(x, t, **kw), _r(5), torch.tensor(2))
+    # the decomposition (log_softmax + gather/take)
+    check_prims(lambda x, t, w: (F.cross_entropy(x, t, **kw), F.cross_entropy(x, t, w, **kw),
+                                 F.cross_entropy(x, t.clamp(min=0), w, ignore_index=2, **kw)), x, t, w)
+    check_prims(lambda x, t: F.cross_entropy(x, t, **kw), _r(2, 5, 3), torch.tensor([[0, 1, 4], [3, 3, 2]]))
+    check_prims(lambda x, t: F.cross_entropy(x, t, **kw), _r(5), torch.tensor(2))
+    check_prims(lambda x, t: F.cross_entropy(x, t, **kw), _r(6, 5, dtype=torch.bfloat16), t, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -267,6 +273,8 @@ def test_cross_entropy_probs(reduction):
     w = _r(5, seed=2).abs()
     check(lambda x, p, w: (F.cross_entropy(x, p, reduction=reduction), F.cross_entropy(x, p, w, reduction=reduction),
                            F.cross_entropy(x, p, reduction=reduction, label_smoothing=0.1)), x, p, w)
+    check_prims(lambda x, p, w: (F.cross_entropy(x, p, reduction=reduction), F.cross_entropy(x, p, w, reduction=reduction),
+                                 F.cross_entropy(x, p, w, reduction=reduction, label_smoothing=0.1)), x, p, w)
 
 
 def test_cross_entropy_errors():

@@ -306,8 +306,62 @@ Arg impl_cross_entropy(Builder& b, const Arg::List& a) {
              list_str(t->shape));
     if (reduction == "none") out_shape = t->shape;
   }
-  // Opaque: runs through torch (no decomposition).
-  return Arg(b.new_tensor(x->dtype, x->device, out_shape));
+  // Decomposition: log_softmax over the class dim, then the weighted pick (class indices) or the
+  // weighted sum against the target distribution (probabilities), computed in float32 for
+  // float16/bfloat16 inputs.
+  DType cdt = compute_dtype(x->dtype);
+  std::vector<int64_t> cdims{cd};
+  std::vector<int64_t> all;
+  for (int64_t i = 0; i < static_cast<int64_t>(no_class.size()); ++i) all.push_back(i);
+  auto logp = cvt(b, b.call(OpId::log_softmax, {a[0], Arg(cd), Arg()}).tensor(), cdt);
+  auto num = [](double v) { return Arg(v); };
+  auto mul = [&](const TensorRef& p, const Arg& q) { return prim(b, OpId::prim_mul, {Arg(p), q}); };
+  auto sum_all = [&](const TensorRef& t) { return reduce(b, OpId::prim_sum, t, all); };
+  auto div = [&](const TensorRef& p, const TensorRef& q) { return prim(b, OpId::prim_div, {Arg(p), Arg(q)}); };
+  TensorRef wb; // the class weights broadcast to the input's shape
+  if (!a[2].is_none()) {
+    auto w = cvt(b, a[2].tensor(), cdt);
+    wb = prim(b, OpId::prim_broadcast_in_dim, {Arg(w), Arg::int_list(x->shape), Arg::int_list({cd})});
+  }
+  TensorRef result;
+  if (is_float(t->dtype)) {
+    auto tgt = cvt(b, t, cdt);
+    if (ls > 0.0)
+      tgt = prim(b, OpId::prim_add, {Arg(mul(tgt, num(1.0 - ls))), num(ls / static_cast<double>(C))});
+    auto prod = mul(logp, Arg(tgt));
+    if (wb) prod = mul(prod, Arg(wb));
+    auto loss = prim(b, OpId::prim_neg, {Arg(reduce(b, OpId::prim_sum, prod, cdims))});
+    if (reduction == "none") result = loss;
+    else if (reduction == "sum") result = sum_all(loss);
+    else result = prim(b, OpId::prim_div, {Arg(sum_all(loss)), num(static_cast<double>(numel(no_class)))});
+    return Arg(cvt(b, result, x->dtype));
+  }
+  auto mask = prim(b, OpId::prim_ne, {a[1], a[3]});
+  auto safe = cvt(b, prim(b, OpId::prim_where, {Arg(mask), a[1], Arg(int64_t{0})}), DType::Int64);
+  Shape kept = x->shape;
+  kept[cd] = 1;
+  auto idx = prim(b, OpId::prim_reshape, {Arg(safe), Arg::int_list(kept)});
+  auto picked = prim(b, OpId::prim_gather, {Arg(logp), Arg(cd), Arg(idx)});
+  auto nll = prim(b, OpId::prim_neg, {Arg(prim(b, OpId::prim_reshape, {Arg(picked), Arg::int_list(no_class)}))});
+  auto wm = cvt(b, mask, cdt); // per-element weight: class weight where not ignored, else 0
+  if (!a[2].is_none()) {
+    auto wt = prim(b, OpId::prim_take, {Arg(cvt(b, a[2].tensor(), cdt)), Arg(safe), Arg(int64_t{0})});
+    wm = mul(wt, Arg(wm));
+  }
+  auto loss = mul(nll, Arg(wm));
+  if (reduction == "sum") loss = sum_all(loss);
+  if (reduction == "mean") loss = div(sum_all(loss), sum_all(wm));
+  result = loss;
+  if (ls > 0.0) {
+    auto lw = wb ? mul(logp, Arg(wb)) : logp;
+    auto smooth = prim(b, OpId::prim_neg, {Arg(reduce(b, OpId::prim_sum, lw, cdims))});
+    smooth = prim(b, OpId::prim_where, {Arg(mask), Arg(smooth), num(0.0)});
+    if (reduction == "sum") smooth = sum_all(smooth);
+    if (reduction == "mean") smooth = div(sum_all(smooth), sum_all(wb ? wm : cvt(b, mask, cdt)));
+    result = prim(b, OpId::prim_add, {Arg(mul(result, num(1.0 - ls))),
+                                      Arg(mul(smooth, num(ls / static_cast<double>(C))))});
+  }
+  return Arg(cvt(b, result, x->dtype));
 }
 
 Arg impl_scaled_dot_product_attention(Builder& b, const Arg::List& a) {
