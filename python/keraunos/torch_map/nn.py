@@ -1,1 +1,84 @@
-"""nn ops: see torch_map/__init__.py."""
+"""nn ops: linear algebra (matmul class), normalizations, embedding, losses and attention, in
+their torch, torch.Tensor and torch.nn.functional forms (nn modules call these)."""
+
+import torch
+
+from ..tracer import record
+from . import register, register_handler, swap
+
+F = torch.nn.functional
+T = torch.Tensor
+
+register([torch.matmul, T.matmul, T.__matmul__], "matmul")
+register(T.__rmatmul__, "matmul", swap)
+register([torch.bmm, T.bmm], "bmm")
+register(F.linear, "linear", out_ok=False)
+register(F.layer_norm, "layer_norm", out_ok=False)
+if hasattr(F, "rms_norm"):
+    register(F.rms_norm, "rms_norm", out_ok=False)
+
+
+def _batch_norm(tr, args, kwargs):
+    """F.batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
+    momentum=0.1, eps=1e-5): with running stats in training mode the op also updates them."""
+    names = ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]
+    defaults = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
+    if len(args) > len(names):
+        raise TypeError(f"batch_norm() takes {len(names)} positional arguments but {len(args)} were given")
+    bound = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k not in names:
+            raise TypeError(f"batch_norm() got an unexpected keyword argument '{k}'")
+        if k in bound:
+            raise TypeError(f"batch_norm() got multiple values for argument '{k}'")
+        bound[k] = v
+    for k in names:
+        if k not in bound:
+            if k not in defaults:
+                raise TypeError(f"batch_norm() missing required argument '{k}'")
+            bound[k] = defaults[k]
+    if bound["momentum"] is None:
+        bound["momentum"] = 0.0  # eager passes momentum=0.0 through when None reaches F.batch_norm
+    update = bound["training"] and bound["running_mean"] is not None and bound["running_var"] is not None
+    if bound["training"] and (bound["running_mean"] is None) != (bound["running_var"] is None):
+        raise NotImplementedError(
+            "keraunos: F.batch_norm in training mode with only one of running_mean/running_var "
+            "is not supported"
+        )
+    op = "batch_norm_update" if update else "batch_norm"
+    return record(op, "torch.nn.functional.batch_norm", [bound[k] for k in names], {})
+
+
+register_handler(F.batch_norm, _batch_norm)
+
+
+def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+               scale_grad_by_freq=False, sparse=False):
+    if max_norm is not None:
+        raise NotImplementedError(
+            "keraunos: F.embedding(max_norm=...) renormalizes the weight in place; not supported yet"
+        )
+    if padding_idx is not None:
+        # As F.embedding does before calling torch.embedding.
+        if padding_idx > 0:
+            assert padding_idx < weight.size(0), "Padding_idx must be within num_embeddings"
+        elif padding_idx < 0:
+            assert padding_idx >= -weight.size(0), "Padding_idx must be within num_embeddings"
+            padding_idx = weight.size(0) + padding_idx
+    return (input, weight, padding_idx), {}
+
+
+register(F.embedding, "embedding", _embedding, out_ok=False)
+
+
+def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                   reduction="mean", label_smoothing=0.0):
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    return (input, target, weight), {
+        "ignore_index": ignore_index, "reduction": reduction, "label_smoothing": label_smoothing,
+    }
+
+
+register(F.cross_entropy, "cross_entropy", _cross_entropy, out_ok=False)
+register(F.scaled_dot_product_attention, "scaled_dot_product_attention", out_ok=False)
