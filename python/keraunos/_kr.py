@@ -73,3 +73,11 @@ def flat_storage(a, perm):
 def gather_strided(storage, size, stride, offset):
     """Elements of a 1-D storage value at offset + sum(i * stride): a view, never written."""
     return torch.as_strided(storage, size, stride, storage.storage_offset() + offset)
+
+
+def batch_norm_functional(x, running_mean, running_var, weight, bias, momentum, eps):
+    """F.batch_norm in training mode on copies of the running statistics: returns the output
+    and the new statistics without writing the originals."""
+    rm, rv = running_mean.clone(), running_var.clone()
+    out = torch.nn.functional.batch_norm(x, rm, rv, weight, bias, True, momentum, eps)
+    return out, rm, rv

@@ -84,6 +84,7 @@ std::string mat_str(const Shape& s, bool lhs) {
   return std::to_string(s[s.size() - 2]) + "x" + std::to_string(s.back());
 }
 
+// update: also compute the new running statistics; returns [out, new_mean, new_var].
 Arg batch_norm_impl(Builder& b, const Arg::List& a, bool update) {
   const auto& x = a[0].tensor();
   const Arg &rm = a[1], &rv = a[2], &w = a[3], &bias = a[4];
@@ -128,8 +129,8 @@ Arg batch_norm_impl(Builder& b, const Arg::List& a, bool update) {
     y = prim(b, OpId::prim_add, {Arg(y), Arg(expand_back(b, cvt(b, bias.tensor(), cd), x->shape, dims))});
   auto out = cvt(b, y, x->dtype);
   if (update) {
-    // running = (1 - momentum) * running + momentum * batch stat (unbiased variance), written in
-    // place in program order.
+    // running = (1 - momentum) * running + momentum * batch stat (unbiased variance).
+    Arg::List outs{Arg(out)};
     for (int k = 0; k < 2; ++k) {
       const auto& run = (k == 0 ? rm : rv).tensor();
       DType rd = compute_dtype(run->dtype);
@@ -138,8 +139,9 @@ Arg batch_norm_impl(Builder& b, const Arg::List& a, bool update) {
         stat = prim(b, OpId::prim_mul, {Arg(stat), Arg(static_cast<double>(M) / static_cast<double>(M - 1))});
       auto old = prim(b, OpId::prim_mul, {Arg(cvt(b, run, rd)), Arg(1.0 - momentum)});
       auto upd = prim(b, OpId::prim_add, {Arg(old), Arg(prim(b, OpId::prim_mul, {Arg(stat), Arg(momentum)}))});
-      b.write_into(run, cvt(b, upd, run->dtype));
+      outs.emplace_back(cvt(b, upd, run->dtype));
     }
+    return Arg(std::move(outs));
   }
   return Arg(out);
 }
@@ -183,7 +185,20 @@ Arg impl_rms_norm(Builder& b, const Arg::List& a) {
 }
 
 Arg impl_batch_norm(Builder& b, const Arg::List& a) { return batch_norm_impl(b, a, false); }
-Arg impl_batch_norm_update(Builder& b, const Arg::List& a) { return batch_norm_impl(b, a, true); }
+Arg impl_batch_norm_functional(Builder& b, const Arg::List& a) {
+  return batch_norm_impl(b, {a[0], a[1], a[2], a[3], a[4], Arg(true), a[5], a[6]}, true);
+}
+
+// The output and the running-statistics update come from one functional op (run by torch's
+// own batch_norm on copies of the statistics, so values match eager exactly); the new
+// statistics are then written back in place.
+Arg impl_batch_norm_update(Builder& b, const Arg::List& a) {
+  Arg r = b.call(OpId::batch_norm_functional, {a[0], a[1], a[2], a[3], a[4], a[6], a[7]});
+  const auto& outs = r.list();
+  b.write_into(a[1].tensor(), outs[1].tensor());
+  b.write_into(a[2].tensor(), outs[2].tensor());
+  return outs[0];
+}
 
 Arg impl_matmul(Builder& b, const Arg::List& a) {
   const auto& x = a[0].tensor();
