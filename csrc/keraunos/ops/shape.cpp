@@ -883,15 +883,34 @@ Arg impl_setitem_(Builder& b, const Arg::List& a) {
     return a[0];
   }
   if (!r.adv.empty()) {
+    // index_put semantics. prims.index_put takes leading indices only: the indexed dims move
+    // first, the values follow (eager puts the index dims first unless they are adjacent).
     Shape bshape = broadcast_indices(r.adv);
     Shape rshape = advanced_shape(v_target->shape, r.adv, bshape);
-    Arg::List indices(r.adv.back().first + 1);
-    for (const auto& [d, t] : r.adv) indices[d] = to_dtype(b, Arg(t), DType::Int64);
     TensorRef vals = value_for(b, value, x->dtype, x->device, rshape, true);
+    Shape perm;
+    Arg::List indices;
+    for (const auto& [d, t] : r.adv) {
+      perm.push_back(d);
+      indices.push_back(to_dtype(b, Arg(t), DType::Int64));
+    }
+    for (int64_t d = 0; d < v_target->ndim(); ++d)
+      if (std::find(perm.begin(), perm.end(), d) == perm.end()) perm.push_back(d);
+    int64_t first = r.adv.front().first, nb = static_cast<int64_t>(bshape.size());
+    if (adjacent(r.adv) && first > 0) {
+      Shape pv;
+      for (int64_t i = 0; i < nb; ++i) pv.push_back(first + i);
+      for (int64_t i = 0; i < first; ++i) pv.push_back(i);
+      for (int64_t i = first + nb; i < vals->ndim(); ++i) pv.push_back(i);
+      vals = p_permute(b, vals, pv);
+    }
+    TensorRef p = p_permute(b, v_target, perm);
     TensorRef res = b.call(OpId::prim_index_put,
-                           {Arg(v_target), Arg(std::move(indices)), Arg(vals), Arg(false)})
+                           {Arg(p), Arg(std::move(indices)), Arg(vals), Arg(false)})
                         .tensor();
-    b.write_into(v_target, res);
+    Shape inv(perm.size());
+    for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
+    b.write_into(v_target, p_permute(b, res, inv));
     return a[0];
   }
   check_no_internal_overlap(v_target, "copy_");
@@ -930,10 +949,8 @@ Arg impl_index_put(Builder& b, const Arg::List& a) {
   std::vector<std::pair<int64_t, TensorRef>> adv;
   Arg::List indices;
   for (size_t d = 0; d < list.size(); ++d) {
-    if (list[d].is_none()) {
-      indices.emplace_back();
-      continue;
-    }
+    KR_CHECK(!list[d].is_none(), Type, "expected Tensor as element ", d,
+             " in argument 1, but got NoneType");
     const auto& t = list[d].tensor();
     KR_CHECK(t->dtype == DType::Int64 || t->dtype == DType::Int32 || is_mask(t), Value,
              "tensors used as indices must be long, int, byte or bool tensors");
