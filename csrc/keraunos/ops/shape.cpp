@@ -931,6 +931,8 @@ Arg impl_masked_fill(Builder& b, const Arg::List& a) {
              a[2].tensor()->ndim(), " dimension(s).");
   Shape shape = broadcast_shapes({x->shape, mask->shape}, "masked_fill");
   TensorRef xb = expand_to(b, x, shape), mb = expand_to(b, mask, shape);
+  // Eager fills a contiguous clone of the (expanded) input.
+  if (!xb->is_contiguous()) xb = b.call(OpId::prim_reshape, {Arg(xb), Arg::int_list(shape)}).tensor();
   Arg v = a[2];
   if (v.is_tensor()) v = Arg(expand_to(b, to_dtype(b, v, x->dtype).tensor(), shape));
   return b.call(OpId::prim_where, {Arg(mb), v, Arg(xb)});
