@@ -81,3 +81,10 @@ def batch_norm_functional(x, running_mean, running_var, weight, bias, momentum, 
     rm, rv = running_mean.clone(), running_var.clone()
     out = torch.nn.functional.batch_norm(x, rm, rv, weight, bias, True, momentum, eps)
     return out, rm, rv
+
+
+def scatter_strided(storage, src, size, stride, offset):
+    """A new 1-D storage value: `storage` with `src` written at offset + sum(i * stride)."""
+    out = storage.clone()
+    torch.as_strided(out, size, stride, out.storage_offset() + offset).copy_(src)
+    return out

@@ -187,8 +187,10 @@ def normal(shape, mean, std, *, dtype, device):
 
 
 def as_strided(storage, size, stride, offset):
-    return torch.as_strided(storage, size, stride, offset).clone()
+    return torch.as_strided(storage, size, stride, storage.storage_offset() + offset).clone()
 
 
 def as_strided_scatter(storage, src, size, stride, offset):
-    return torch.as_strided_scatter(storage, src, size, stride, offset)
+    out = storage.clone()
+    torch.as_strided(out, size, stride, out.storage_offset() + offset).copy_(src)
+    return out

@@ -191,8 +191,20 @@ private:
       s.value = val;
       return;
     }
+    // Eager lets fill_/zero_ write an expanded tensor (every alias of an element gets the
+    // same value): write one element per memory location.
+    Shape shape = dst->shape, start(dst->ndim(), 0), end = dst->shape, step(dst->ndim(), 1);
+    bool overlap = false;
+    for (int64_t i = 0; i < dst->ndim(); ++i)
+      if (dst->strides[i] == 0 && dst->shape[i] > 1) {
+        shape[i] = end[i] = 1;
+        overlap = true;
+      }
+    if (overlap)
+      val = emit(OpId::prim_slice, {Arg(val), Arg::int_list(start), Arg::int_list(end),
+                                    Arg::int_list(step)});
     TensorRef& S = flat_value(s, dst);
-    S = emit(OpId::scatter_strided, {Arg(S), Arg(val), Arg::int_list(dst->shape),
+    S = emit(OpId::scatter_strided, {Arg(S), Arg(val), Arg::int_list(shape),
                                      Arg::int_list(dst->strides),
                                      Arg(dst->storage_offset - s.base)});
     ++s.version;
@@ -241,7 +253,10 @@ private:
     Storage* s = storage_of(o);
     if (!s || !s->written) return a;
     if (!s->flat) return Arg(s->input ? o : (s->value ? s->value : o));
-    // A real view, with eager's strides and offset, of the input or of the final storage.
+    // An input is returned as itself (the epilogue updates it); anything else in the storage
+    // as a real view, with eager's strides and offset, of the input or of the final storage.
+    for (const auto& i : trace_.inputs)
+      if (i == o) return a;
     auto key = o.get();
     if (auto it = out_views_.find(key); it != out_views_.end()) return Arg(it->second);
     TensorRef v;
