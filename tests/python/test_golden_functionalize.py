@@ -146,7 +146,7 @@ def noop_to_write(x):
 def several_writes_one_storage(x):
     x[0].add_(1)
     x[1].mul_(2)
-    x.add_(x[2])
+    x.add_(x[2] * 1)
     return x[0] + x[1]
 
 
@@ -203,3 +203,13 @@ def test_dead_mutation_leaves_no_trace():
     final = str(keraunos.last_traces(jf)[-2])
     assert "sin" not in final and "copy_" not in final
     assert "randn" in final  # the draw stays: it advances the generator, as in eager
+
+
+def test_partial_overlap_is_an_error_like_eager():
+    def f(x):
+        x.add_(x[2])
+
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        f(torch.randn(3, 2))
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        keraunos.jit(f)(torch.randn(3, 2))

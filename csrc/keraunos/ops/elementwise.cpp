@@ -400,6 +400,11 @@ Arg impl_dropout(Builder& b, const Arg::List& a) {
   return finish(b, p3(b, OpId::prim_where, Arg(keep), Arg(scaled), num(0.0)), result);
 }
 
+Arg impl_clone(Builder& b, const Arg::List& a) {
+  // prim_clone keeps a dense layout and gives others TensorIterator's, like preserve_format.
+  return b.call(OpId::prim_clone, {a[0]});
+}
+
 Arg impl_to(Builder& b, const Arg::List& a) {
   const auto& x = a[0].tensor();
   DType d = a[2].is_none() ? x->dtype : a[2].as_dtype();

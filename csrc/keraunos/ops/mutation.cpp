@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+#include <algorithm>
+
 namespace keraunos {
 
 void check_no_internal_overlap(const TensorRef& dst, std::string_view op) {
@@ -17,12 +19,45 @@ void check_no_internal_overlap(const TensorRef& dst, std::string_view op) {
              "operation.");
 }
 
+namespace {
+bool non_overlapping_dense(const TensorProxy& t) {
+  std::vector<int64_t> perm(t.ndim());
+  for (int64_t i = 0; i < t.ndim(); ++i) perm[i] = i;
+  std::sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) {
+    if (t.shape[a] < 2) return false;
+    if (t.shape[b] < 2) return true;
+    return t.strides[a] < t.strides[b];
+  });
+  int64_t require = 1;
+  for (auto i : perm) {
+    if (t.shape[i] < 2) return true;
+    if (t.strides[i] != require) return false;
+    require *= t.shape[i];
+  }
+  return true;
+}
+} // namespace
+
+void check_no_partial_overlap(const TensorRef& dst, const TensorRef& src, std::string_view op) {
+  if (dst == src || dst->storage_id != src->storage_id || dst->numel() == 0 || src->numel() == 0)
+    return;
+  if (!non_overlapping_dense(*dst) || !non_overlapping_dense(*src)) return; // "too hard" in eager
+  int64_t a0 = dst->storage_offset * itemsize(dst->dtype), a1 = a0 + dst->numel() * itemsize(dst->dtype);
+  int64_t b0 = src->storage_offset * itemsize(src->dtype), b1 = b0 + src->numel() * itemsize(src->dtype);
+  bool full = a0 == b0 && a1 == b1 && dst->strides == src->strides;
+  KR_CHECK(full || !(a0 < b1 && b0 < a1), Runtime, op,
+           ": unsupported operation: some elements of the input tensor and the written-to tensor "
+           "refer to a single memory location. Please clone() the tensor before performing the "
+           "operation.");
+}
+
 namespace ops {
 
 Arg impl_copy_(Builder& b, const Arg::List& a) {
   const auto& dst = a[0].tensor();
   const auto& src = a[1].tensor();
   check_no_internal_overlap(dst, "copy_");
+  check_no_partial_overlap(dst, src, "copy_");
   broadcast_shapes({dst->shape, src->shape}, "copy_");
   KR_CHECK(broadcast_shapes({dst->shape, src->shape}, "copy_") == dst->shape, Runtime,
            "copy_: the source of shape ", shape_str(src->shape),

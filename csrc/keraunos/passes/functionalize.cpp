@@ -119,6 +119,9 @@ private:
       Storage& s = storages_[t->storage_id];
       if (!s.input) s.input = t;
       if (++inputs_per_storage[t->storage_id] > 1) s.viewed = true;
+      // An input whose elements share memory (expanded) is written through its flat storage.
+      for (int64_t i = 0; i < t->ndim(); ++i)
+        if (t->strides[i] == 0 && t->shape[i] > 1) s.viewed = true;
     }
     for (const BoundSymbol* bs : seq) {
       for (const auto& t : bs->inputs()) see(t);

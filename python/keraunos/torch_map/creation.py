@@ -213,3 +213,28 @@ def _make_device(tr, args, kwargs):
 
 
 register_handler(torch.device, _make_device)
+
+
+def _tensor(tr, args, kwargs):
+    """torch.tensor(data): data are Python constants of the traced function. The constant is
+    built once, passed as an input, and cloned on every call (each call gets a fresh tensor,
+    as in eager)."""
+    from ..tracer import Proxy
+
+    def has_proxy(x):
+        if isinstance(x, Proxy):
+            return True
+        return isinstance(x, (list, tuple)) and any(has_proxy(e) for e in x)
+
+    if has_proxy(args[0] if args else kwargs.get("data")):
+        raise NotImplementedError(
+            f"keraunos: torch.tensor() of traced tensors is not supported; use torch.stack (at {where()})"
+        )
+    if kwargs.get("requires_grad"):
+        raise NotImplementedError(f"keraunos: torch.tensor(requires_grad=True) is not supported (at {where()})")
+    with torch._C.DisableTorchFunction():
+        t = torch.tensor(*args, **kwargs)
+    return record("clone", "torch.tensor", (tr.lift(t),), {})
+
+
+register_handler([torch.tensor], _tensor)

@@ -139,6 +139,14 @@ def _no_inplace_dropout():
     raise NotImplementedError("keraunos: F.dropout(inplace=True) is not supported yet")
 
 
+def _clone(a, memory_format=torch.preserve_format):
+    if memory_format is not torch.preserve_format:
+        raise NotImplementedError("keraunos: clone(memory_format=...) is not supported yet")
+    return (a,), {}
+
+
+register([torch.clone, T.clone], "clone", _clone, out_ok=False)
+
 # Casts.
 def _to(a, *args, **kwargs):
     """Tensor.to(dtype) / to(device) / to(device, dtype) / to(other) / to(dtype=, device=)."""
