@@ -155,6 +155,11 @@ TensorRef expand_to(Builder& b, const TensorRef& t, const Shape& shape) {
       .tensor();
 }
 
+TensorRef make_contiguous(Builder& b, const TensorRef& t) {
+  if (t->is_contiguous()) return t;
+  return b.call(OpId::prim_reshape, {Arg(t), Arg::int_list(t->shape)}).tensor();
+}
+
 const TensorRef& first_tensor(const Arg::List& operands, std::string_view op) {
   for (const auto& a : operands)
     if (a.is_tensor()) return a.tensor();

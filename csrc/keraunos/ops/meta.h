@@ -42,6 +42,10 @@ TensorRef expand_to(Builder& b, const TensorRef& t, const Shape& shape);
 TensorRef elementwise(Builder& b, OpId prim, const Arg::List& operands, Promotion kind,
                       std::string_view op);
 
+// `t` itself when contiguous, else a contiguous copy (kernels that start with
+// input.contiguous() in eager give contiguous outputs: softmax, layer_norm, ...).
+TensorRef make_contiguous(Builder& b, const TensorRef& t);
+
 // First tensor among operands (user error naming `op` when there is none).
 const TensorRef& first_tensor(const Arg::List& operands, std::string_view op);
 // Dims normalized for reductions: empty or None means all dims; sorted, unique.

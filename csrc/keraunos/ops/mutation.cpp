@@ -38,13 +38,62 @@ bool non_overlapping_dense(const TensorProxy& t) {
 }
 } // namespace
 
+namespace {
+// The storage offsets a tensor covers (for overlap tests at trace time).
+void offsets(const TensorProxy& t, std::vector<int64_t>& out) {
+  out.clear();
+  std::vector<int64_t> idx(t.ndim(), 0);
+  for (int64_t n = 0; n < t.numel(); ++n) {
+    int64_t off = t.storage_offset;
+    for (int64_t d = 0; d < t.ndim(); ++d) off += idx[d] * t.strides[d];
+    out.push_back(off);
+    for (int64_t d = t.ndim() - 1; d >= 0; --d) {
+      if (++idx[d] < t.shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  std::sort(out.begin(), out.end());
+}
+
+bool share_elements(const TensorProxy& a, const TensorProxy& b) {
+  constexpr int64_t kMaxEnumerated = int64_t{1} << 22;
+  if (a.numel() > kMaxEnumerated || b.numel() > kMaxEnumerated) return true; // assume so
+  std::vector<int64_t> oa, ob;
+  offsets(a, oa);
+  offsets(b, ob);
+  size_t i = 0, j = 0;
+  while (i < oa.size() && j < ob.size()) {
+    if (oa[i] == ob[j]) return true;
+    oa[i] < ob[j] ? ++i : ++j;
+  }
+  return false;
+}
+} // namespace
+
 void check_no_partial_overlap(const TensorRef& dst, const TensorRef& src, std::string_view op) {
   if (dst == src || dst->storage_id != src->storage_id || dst->numel() == 0 || src->numel() == 0)
     return;
-  if (!non_overlapping_dense(*dst) || !non_overlapping_dense(*src)) return; // "too hard" in eager
+  // Geometry without size-1 dims (setitem and copy_ drop leading ones of the source).
+  auto squeezed = [](const TensorProxy& t) {
+    std::vector<std::pair<int64_t, int64_t>> g;
+    for (int64_t i = 0; i < t.ndim(); ++i)
+      if (t.shape[i] != 1) g.emplace_back(t.shape[i], t.strides[i]);
+    return g;
+  };
+  bool same_view = squeezed(*dst) == squeezed(*src) && dst->storage_offset == src->storage_offset;
+  if (!non_overlapping_dense(*dst) || !non_overlapping_dense(*src)) {
+    // Eager does not check these ("too hard") and its result then depends on the order in
+    // which its kernel visits elements; keraunos refuses rather than guess.
+    KR_CHECK(same_view || !share_elements(*dst, *src), NotImplemented, op,
+             ": the tensor written in place shares memory with an operand that is a different "
+             "view of it (shape ", shape_str(src->shape), ", strides ", shape_str(src->strides),
+             ", offset ", src->storage_offset, "); eager's result then depends on its kernel's "
+             "iteration order. Clone the operand first.");
+    return;
+  }
   int64_t a0 = dst->storage_offset * itemsize(dst->dtype), a1 = a0 + dst->numel() * itemsize(dst->dtype);
   int64_t b0 = src->storage_offset * itemsize(src->dtype), b1 = b0 + src->numel() * itemsize(src->dtype);
-  bool full = a0 == b0 && a1 == b1 && dst->strides == src->strides;
+  bool full = a0 == b0 && a1 == b1 && same_view;
   KR_CHECK(full || !(a0 < b1 && b0 < a1), Runtime, op,
            ": unsupported operation: some elements of the input tensor and the written-to tensor "
            "refer to a single memory location. Please clone() the tensor before performing the "

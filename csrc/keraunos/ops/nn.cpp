@@ -155,7 +155,7 @@ Arg impl_layer_norm(Builder& b, const Arg::List& a) {
            torch_type_name(x->dtype), "'");
   double eps = a[4].as_double();
   DType cd = compute_dtype(x->dtype);
-  auto xc = cvt(b, x, cd);
+  auto xc = make_contiguous(b, cvt(b, x, cd));
   auto mean = expand_back(b, mean_of(b, xc, dims), x->shape, dims);
   auto var = prim(b, OpId::prim_var, {Arg(xc), Arg::int_list(Shape(dims.begin(), dims.end())), Arg(0.0)});
   auto rstd = prim(b, OpId::prim_rsqrt, {Arg(prim(b, OpId::prim_add, {Arg(var), Arg(eps)}))});
@@ -176,7 +176,7 @@ Arg impl_rms_norm(Builder& b, const Arg::List& a) {
   double eps = !a[3].is_none() ? a[3].as_double()
                : cd == DType::Float64 ? std::numeric_limits<double>::epsilon()
                                       : static_cast<double>(std::numeric_limits<float>::epsilon());
-  auto xc = cvt(b, x, cd);
+  auto xc = make_contiguous(b, cvt(b, x, cd));
   auto ms = mean_of(b, prim(b, OpId::prim_mul, {Arg(xc), Arg(xc)}), dims);
   auto r = prim(b, OpId::prim_rsqrt, {Arg(prim(b, OpId::prim_add, {Arg(ms), Arg(eps)}))});
   auto y = prim(b, OpId::prim_mul, {Arg(xc), Arg(expand_back(b, r, x->shape, dims))});

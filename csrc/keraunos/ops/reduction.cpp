@@ -192,7 +192,7 @@ Arg softmax_like(Builder& b, const Arg::List& a, bool log, std::string_view name
   std::vector<int64_t> dims;
   if (x->ndim() > 0) dims.push_back(d);
   // Eager converts to `dtype` first, then computes (float16/bfloat16 in float32).
-  auto xc = cvt(b, cvt(b, x, out), compute_dtype(out));
+  auto xc = make_contiguous(b, cvt(b, cvt(b, x, out), compute_dtype(out)));
   TensorRef shifted = xc;
   if (x->numel() > 0) {
     auto m = expand_back(b, reduce(b, OpId::prim_amax, xc, dims), xc->shape, dims);

@@ -914,6 +914,7 @@ Arg impl_setitem_(Builder& b, const Arg::List& a) {
     return a[0];
   }
   check_no_internal_overlap(v_target, "copy_");
+  if (value.is_tensor()) check_no_partial_overlap(v_target, value.tensor(), "copy_");
   TensorRef vals = value_for(b, value, x->dtype, x->device, v_target->shape, false);
   b.write_into(v_target, vals);
   return a[0];

@@ -10,7 +10,8 @@
 //   t3 = ltorch.add(t1, t2)      return t3
 //   return t3
 //
-// A symbol whose outputs are returned is never replaced: eager returns distinct tensors.
+// A symbol whose outputs are returned (or viewed by a returned tensor) is never replaced:
+// eager returns distinct tensors.
 #include "keraunos/passes/cse.h"
 
 #include <map>
@@ -43,11 +44,12 @@ PassResult cse(const Trace& trace, const PassContext&) {
   std::unordered_map<int64_t, int64_t> version; // storage id -> writes so far
   std::unordered_map<std::string, std::vector<TensorRef>> seen;
   ProxyMap replace;
-  // Outputs stay distinct tensors, as in eager: a symbol whose result is returned is kept.
+  // Outputs stay distinct tensors, as in eager: a symbol whose result is returned, or is the
+  // storage a returned view looks into, is kept.
   std::vector<TensorRef> returned;
   trace.output().collect_tensors(returned);
-  std::unordered_set<const TensorProxy*> is_returned;
-  for (const auto& t : returned) is_returned.insert(t.get());
+  std::unordered_set<int64_t> returned_storage;
+  for (const auto& t : returned) returned_storage.insert(t->storage_id);
   PassResult r;
   r.trace.inputs = trace.inputs;
   for (const auto& orig : trace.bsyms) {
@@ -63,7 +65,7 @@ PassResult cse(const Trace& trace, const PassContext&) {
       }
       auto mine = b.outputs();
       bool keep = false;
-      for (const auto& t : mine) keep |= is_returned.count(t.get()) > 0;
+      for (const auto& t : mine) keep |= returned_storage.count(t->storage_id) > 0;
       auto [it, fresh] = seen.emplace(std::move(k), mine);
       if (!fresh && !keep) {
         for (size_t i = 0; i < mine.size(); ++i) replace[mine[i].get()] = it->second[i];

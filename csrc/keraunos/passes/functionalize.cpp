@@ -51,6 +51,16 @@ void expand(const BoundSymbol& b, std::shared_ptr<const SourceLoc> loc, std::vec
   out.push_back({&b, loc});
 }
 
+// A view op that did make a view (reshape, for one, copies when it must).
+bool makes_alias(const BoundSymbol& b) {
+  if (!b.def().has(tags::V)) return false;
+  auto ins = b.inputs();
+  for (const auto& o : b.outputs())
+    for (const auto& i : ins)
+      if (o->storage_id == i->storage_id) return true;
+  return false;
+}
+
 struct Storage {
   int64_t id = -1;
   bool written = false;
@@ -77,6 +87,7 @@ public:
   }
 
   PassResult run() {
+    for (const auto& t : trace_.inputs) aliases_.insert(t.get());
     std::vector<Step> seq;
     for (const auto& bs : trace_.bsyms) expand(bs, nullptr, seq);
     scan(seq);
@@ -127,7 +138,7 @@ private:
       for (const auto& t : bs->inputs()) see(t);
       for (const auto& t : bs->outputs()) see(t);
       if (bs->op == OpId::prim_copy_) storages_[bs->args[0].tensor()->storage_id].written = true;
-      if (bs->def().has(tags::V))
+      if (makes_alias(*bs))
         for (const auto& t : bs->inputs()) storages_[t->storage_id].viewed = true;
     }
     for (auto& [id, s] : storages_) s.flat = s.written && s.viewed;
@@ -191,6 +202,9 @@ private:
     Storage& s = *storage_of(dst);
     if (val->dtype != dst->dtype) val = emit(OpId::prim_convert_element_type, {Arg(val), Arg(dst->dtype)});
     if (!s.flat) {
+      // The new value must be a tensor of its own: a view of another storage (an input, a
+      // view) would make this one alias it.
+      if (aliases_.count(val.get())) val = emit(OpId::clone, {Arg(val)});
       s.value = val;
       return;
     }
@@ -223,7 +237,7 @@ private:
       write(bs.args[0].tensor(), read(bs.args[1].tensor()));
       return;
     }
-    if (d.has(tags::V)) {
+    if (makes_alias(bs)) {
       // A view of a flat storage is an alias: reads of it gather from the storage.
       bool flat = false;
       for (const auto& t : bs.outputs())
@@ -238,11 +252,13 @@ private:
     }
     ProxyMap m = reads_of(bs);
     BoundSymbol copy = m.empty() ? bs : substitute(bs, m);
+    if (makes_alias(copy))
+      for (const auto& t : copy.outputs()) aliases_.insert(t.get());
     if (!copy.loc) copy.loc = loc_;
     b_.append(std::move(copy));
     // A fresh intermediate storage that will be viewed and written starts its flat value now.
     for (const auto& t : bs.outputs())
-      if (Storage* s = storage_of(t); s && s->flat && !s->S && !d.has(tags::V)) flat_value(*s, t);
+      if (Storage* s = storage_of(t); s && s->flat && !s->S && !makes_alias(bs)) flat_value(*s, t);
   }
 
   Arg output_value(const Arg& a) {
@@ -296,6 +312,7 @@ private:
   std::unordered_map<int64_t, Storage> storages_;
   std::map<std::pair<const TensorProxy*, int>, TensorRef> gathered_;
   std::unordered_map<const TensorProxy*, TensorRef> out_views_;
+  std::unordered_set<const TensorProxy*> aliases_; // inputs and views: values that share memory
 };
 
 } // namespace
