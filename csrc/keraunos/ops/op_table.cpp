@@ -74,11 +74,11 @@ const Table& table() {
 Arg inplace_impl(Builder& b, OpId self, const Arg::List& args) {
   const OpDef& d = op_def(self);
   const TensorRef& dst = args.at(0).tensor();
+  Arg result = b.call(d.inplace_of, args); // argument errors first, as in eager
   check_no_internal_overlap(dst, d.name);
   std::vector<TensorRef> reads;
   for (size_t i = 1; i < args.size(); ++i) args[i].collect_tensors(reads);
   for (const auto& t : reads) check_no_partial_overlap(dst, t, d.name);
-  Arg result = b.call(d.inplace_of, args);
   const TensorRef& r = result.tensor();
   KR_CHECK(can_cast(r->dtype, dst->dtype), Runtime, "result type ", dtype_name(r->dtype),
            " can't be cast to the desired output type ", dtype_name(dst->dtype));

@@ -914,7 +914,20 @@ Arg impl_setitem_(Builder& b, const Arg::List& a) {
     return a[0];
   }
   check_no_internal_overlap(v_target, "copy_");
-  if (value.is_tensor()) check_no_partial_overlap(v_target, value.tensor(), "copy_");
+  if (value.is_tensor()) {
+    // setitem expands the value to the target's shape before copying (stride 0 where it
+    // broadcasts), and eager checks overlap on that expanded value.
+    const auto& v = value.tensor();
+    auto expanded = std::make_shared<TensorProxy>(*v);
+    if (v->shape != v_target->shape && v->ndim() <= v_target->ndim()) {
+      expanded->shape = v_target->shape;
+      expanded->strides.assign(v_target->ndim(), 0);
+      int64_t off = v_target->ndim() - v->ndim();
+      for (int64_t i = 0; i < v->ndim(); ++i)
+        if (v->shape[i] == v_target->shape[off + i]) expanded->strides[off + i] = v->strides[i];
+    }
+    check_no_partial_overlap(v_target, expanded, "copy_");
+  }
   TensorRef vals = value_for(b, value, x->dtype, x->device, v_target->shape, false);
   b.write_into(v_target, vals);
   return a[0];

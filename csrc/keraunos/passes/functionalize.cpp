@@ -88,6 +88,8 @@ public:
 
   PassResult run() {
     for (const auto& t : trace_.inputs) aliases_.insert(t.get());
+    for (const auto& b : trace_.bsyms)
+      for (const auto& t : b.outputs()) user_visible_.insert(t.get());
     std::vector<Step> seq;
     for (const auto& bs : trace_.bsyms) expand(bs, nullptr, seq);
     scan(seq);
@@ -185,6 +187,7 @@ private:
                                               Arg::int_list(t->strides),
                                               Arg(t->storage_offset - s->base)});
     gathered_[key] = g;
+    aliases_.insert(g.get()); // the torch executor's gather is a view of the storage value
     return g;
   }
 
@@ -202,8 +205,8 @@ private:
     Storage& s = *storage_of(dst);
     if (val->dtype != dst->dtype) val = emit(OpId::prim_convert_element_type, {Arg(val), Arg(dst->dtype)});
     if (!s.flat) {
-      // The new value must be a tensor of its own: a view of another storage (an input, a
-      // view) would make this one alias it.
+      // The new value must be a tensor of its own: a view of another storage would make them
+      // alias (and an epilogue write into that storage would change it).
       if (aliases_.count(val.get())) val = emit(OpId::clone, {Arg(val)});
       s.value = val;
       return;
@@ -234,7 +237,14 @@ private:
       return;
     }
     if (bs.op == OpId::prim_copy_) {
-      write(bs.args[0].tensor(), read(bs.args[1].tensor()));
+      const TensorRef& src = bs.args[1].tensor();
+      TensorRef val = read(src);
+      // A tensor the program can still see (x.copy_(y) writes y's values, y stays y) is
+      // copied, so the storage's new value is a tensor of its own.
+      const TensorRef& dst = bs.args[0].tensor();
+      if (!storage_of(dst)->input && user_visible_.count(src.get()) && !aliases_.count(val.get()))
+        val = emit(OpId::clone, {Arg(val)});
+      write(dst, val);
       return;
     }
     if (makes_alias(bs)) {
@@ -252,7 +262,8 @@ private:
     }
     ProxyMap m = reads_of(bs);
     BoundSymbol copy = m.empty() ? bs : substitute(bs, m);
-    if (makes_alias(copy))
+    // Views, and index-remap prims (the torch executor runs them as views), share memory.
+    if (makes_alias(copy) || copy.def().has(tags::M))
       for (const auto& t : copy.outputs()) aliases_.insert(t.get());
     if (!copy.loc) copy.loc = loc_;
     b_.append(std::move(copy));
@@ -313,6 +324,7 @@ private:
   std::map<std::pair<const TensorProxy*, int>, TensorRef> gathered_;
   std::unordered_map<const TensorProxy*, TensorRef> out_views_;
   std::unordered_set<const TensorProxy*> aliases_; // inputs and views: values that share memory
+  std::unordered_set<const TensorProxy*> user_visible_; // outputs of the program's own calls
 };
 
 } // namespace
