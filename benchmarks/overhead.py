@@ -9,9 +9,8 @@ import platform
 import statistics
 import time
 
-import torch
-
 import keraunos
+import torch
 
 
 def one_op(x):
@@ -45,10 +44,14 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     x = torch.randn(16)
-    print(f"# overhead: torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"x = randn(16) float32 on CPU, {args.rounds} rounds x {args.calls} calls, medians")
-    print(f"{'function':10} {'eager us':>9} {'keraunos us':>12} {'compile us':>11} "
-          f"{'keraunos/compile':>17} {'keraunos/eager':>15}")
+    print(
+        f"# overhead: torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+        f"x = randn(16) float32 on CPU, {args.rounds} rounds x {args.calls} calls, medians"
+    )
+    print(
+        f"{'function':10} {'eager us':>9} {'keraunos us':>12} {'compile us':>11} "
+        f"{'keraunos/compile':>17} {'keraunos/eager':>15}"
+    )
     for fn in (one_op, ten_ops):
         runners = {
             "eager": fn,
@@ -63,8 +66,10 @@ def main():
             for k, r in runners.items():
                 samples[k].append(per_call_us(r, x, args.calls))
         med = {k: statistics.median(v) for k, v in samples.items()}
-        print(f"{fn.__name__:10} {med['eager']:9.2f} {med['keraunos']:12.2f} {med['compile']:11.2f} "
-              f"{med['keraunos'] / med['compile']:17.3f} {med['keraunos'] / med['eager']:15.3f}")
+        print(
+            f"{fn.__name__:10} {med['eager']:9.2f} {med['keraunos']:12.2f} {med['compile']:11.2f} "
+            f"{med['keraunos'] / med['compile']:17.3f} {med['keraunos'] / med['eager']:15.3f}"
+        )
 
 
 if __name__ == "__main__":

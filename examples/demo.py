@@ -4,9 +4,8 @@ Runs on the GPU when there is one (pass --device cpu to force the CPU)."""
 
 import argparse
 
-import torch
-
 import keraunos
+import torch
 
 
 def banner(title):

@@ -1,7 +1,9 @@
 """keraunos: a tracing JIT compiler for PyTorch programs."""
 
-from . import _C  # noqa: F401
-from . import torch_map  # noqa: F401  (registers the mapping table)
+from . import (
+    _C,  # noqa: F401
+    torch_map,  # noqa: F401  (registers the mapping table)
+)
 from .jit import compile_stats, jit, last_traces
 
 __all__ = ["jit", "last_traces", "compile_stats"]

@@ -20,7 +20,9 @@ def div(a, b, *, rounding_mode=None):
     if rounding_mode is None:
         return operator.truediv(a, b)
     if not isinstance(a, torch.Tensor):
-        a = torch.scalar_tensor(a, dtype=torch.result_type(b, a) if isinstance(b, torch.Tensor) else None)
+        a = torch.scalar_tensor(
+            a, dtype=torch.result_type(b, a) if isinstance(b, torch.Tensor) else None
+        )
     return torch.div(a, b, rounding_mode=rounding_mode)
 
 

@@ -15,11 +15,8 @@ import argparse
 import random
 import sys
 import time
-import traceback
 
 import torch
-
-import keraunos
 
 # Input patterns: (source lines building `args`, names of the parameters).
 _INPUT_PATTERNS = [
@@ -30,7 +27,15 @@ _INPUT_PATTERNS = [
     (["base = torch.randn(4, 6)", "args = (base[:3], base[1:])"], 2),  # overlapping views
     (["base = torch.randn(4, 6)", "args = (base, base[1])"], 2),  # a base and its view
     (["a = torch.randn(6, 4).t()", "b = torch.randn(4, 6)", "args = (a, b)"], 2),  # transposed
-    (["a = torch.randn(2, 3, 4)", "b = torch.randn(4)", "c = torch.randn(3, 4)", "args = (a, b, c)"], 3),
+    (
+        [
+            "a = torch.randn(2, 3, 4)",
+            "b = torch.randn(4)",
+            "c = torch.randn(3, 4)",
+            "args = (a, b, c)",
+        ],
+        3,
+    ),
     (["a = torch.randn(8, 6)[::2]", "args = (a,)"], 1),  # strided
 ]
 
@@ -80,31 +85,67 @@ def _candidate(prog: Program, tensors: dict, fresh: str) -> str:
     d = rng.randrange(nd) if nd else 0
     kind = rng.random()
     if kind < 0.30:  # views
-        opts = [f"{fresh} = {x}.view(-1)", f"{fresh} = {x}[1:]", f"{fresh} = {x}[::2]",
-                f"{fresh} = {x}.unsqueeze(0)", f"{fresh} = {x}.reshape(-1)"]
+        opts = [
+            f"{fresh} = {x}.view(-1)",
+            f"{fresh} = {x}[1:]",
+            f"{fresh} = {x}[::2]",
+            f"{fresh} = {x}.unsqueeze(0)",
+            f"{fresh} = {x}.reshape(-1)",
+        ]
         if nd >= 1:
-            opts += [f"{fresh} = {x}[0]", f"{fresh} = {x}.narrow({d}, 0, 1)",
-                     f"{fresh} = {x}.select({d}, -1)", f"{fresh} = {x}.chunk(2, {d})[0]",
-                     f"{fresh} = {x}[..., 1:]"]
+            opts += [
+                f"{fresh} = {x}[0]",
+                f"{fresh} = {x}.narrow({d}, 0, 1)",
+                f"{fresh} = {x}.select({d}, -1)",
+                f"{fresh} = {x}.chunk(2, {d})[0]",
+                f"{fresh} = {x}[..., 1:]",
+            ]
         if nd >= 2:
-            opts += [f"{fresh} = {x}.t()" if nd == 2 else f"{fresh} = {x}.transpose(0, 1)",
-                     f"{fresh} = {x}.diagonal()", f"{fresh} = {x}[:, 1]", f"{fresh} = {x}.permute({', '.join(str(i) for i in reversed(range(nd)))})"]
+            opts += [
+                f"{fresh} = {x}.t()" if nd == 2 else f"{fresh} = {x}.transpose(0, 1)",
+                f"{fresh} = {x}.diagonal()",
+                f"{fresh} = {x}[:, 1]",
+                f"{fresh} = {x}.permute({', '.join(str(i) for i in reversed(range(nd)))})",
+            ]
         return rng.choice(opts)
     if kind < 0.60:  # in-place
-        opts = [f"{x}.add_({y})", f"{x}.mul_(2)", f"{x}.sin_()", f"{x}.copy_({y})",
-                f"{x}.zero_()", f"{x}.fill_(1.5)", f"{x}.clamp_(-0.5, 0.5)", f"{x}.sub_({y}, alpha=2)",
-                f"{x}.masked_fill_({x} > 0, 0.25)", f"{x} += 1", f"{x}.relu_()", f"{x}.exp_()"]
+        opts = [
+            f"{x}.add_({y})",
+            f"{x}.mul_(2)",
+            f"{x}.sin_()",
+            f"{x}.copy_({y})",
+            f"{x}.zero_()",
+            f"{x}.fill_(1.5)",
+            f"{x}.clamp_(-0.5, 0.5)",
+            f"{x}.sub_({y}, alpha=2)",
+            f"{x}.masked_fill_({x} > 0, 0.25)",
+            f"{x} += 1",
+            f"{x}.relu_()",
+            f"{x}.exp_()",
+        ]
         if nd >= 1:
-            opts += [f"{x}[0] = {y}" if rng.random() < 0.5 else f"{x}[0] = 3.0",
-                     f"{x}[1:] = 0.5", f"{x}[..., :1] = {y}[..., :1]"]
+            opts += [
+                f"{x}[0] = {y}" if rng.random() < 0.5 else f"{x}[0] = 3.0",
+                f"{x}[1:] = 0.5",
+                f"{x}[..., :1] = {y}[..., :1]",
+            ]
         return rng.choice(opts)
     if kind < 0.90:  # out-of-place math
-        opts = [f"{fresh} = {x} + {y}", f"{fresh} = {x} * {y}", f"{fresh} = {x}.{rng.choice(_UNARY)}()",
-                f"{fresh} = torch.where({x} > 0, {x}, {y})", f"{fresh} = {x} * 2 - 1",
-                f"{fresh} = {x}.clone()", f"{fresh} = ({x} + 1).view(-1)"]
+        opts = [
+            f"{fresh} = {x} + {y}",
+            f"{fresh} = {x} * {y}",
+            f"{fresh} = {x}.{rng.choice(_UNARY)}()",
+            f"{fresh} = torch.where({x} > 0, {x}, {y})",
+            f"{fresh} = {x} * 2 - 1",
+            f"{fresh} = {x}.clone()",
+            f"{fresh} = ({x} + 1).view(-1)",
+        ]
         if nd >= 1:
-            opts += [f"{fresh} = {x}.{rng.choice(_REDUCE)}({d}, keepdim={rng.random() < 0.5})",
-                     f"{fresh} = {x}.softmax({d})", f"{fresh} = {x}.cumsum({d})"]
+            opts += [
+                f"{fresh} = {x}.{rng.choice(_REDUCE)}({d}, keepdim={rng.random() < 0.5})",
+                f"{fresh} = {x}.softmax({d})",
+                f"{fresh} = {x}.cumsum({d})",
+            ]
         return rng.choice(opts)
     return f"{fresh} = torch.randn({tuple(t.shape)})"
 
@@ -133,7 +174,11 @@ def generate(seed: int, max_lines: int = 10) -> Program:
             exec(line, ns)
         except Exception:
             continue
-        if not all(torch.isfinite(v).all() for v in ns.values() if isinstance(v, torch.Tensor) and v.is_floating_point()):
+        if not all(
+            torch.isfinite(v).all()
+            for v in ns.values()
+            if isinstance(v, torch.Tensor) and v.is_floating_point()
+        ):
             continue
         prog.lines.append(line)
         counter += 1
@@ -156,7 +201,9 @@ def run_one(prog: Program, seed: int, fusion_type: str) -> str | None:
     """None when keraunos agrees with eager, else a description of the mismatch."""
     from .testing import compare
 
-    return compare(_compile(prog.source()), _make_args(prog.setup), fusion_type=fusion_type, seed=seed)
+    return compare(
+        _compile(prog.source()), _make_args(prog.setup), fusion_type=fusion_type, seed=seed
+    )
 
 
 def shrink(prog: Program, seed: int, fusion_type: str) -> Program:
@@ -171,9 +218,7 @@ def shrink(prog: Program, seed: int, fusion_type: str) -> Program:
             f(*clone_args(_make_args(prog.setup)))
         except Exception:
             return False  # no longer a valid program
-        from .testing import compare
-
-        from .testing import REFUSED
+        from .testing import REFUSED, compare
 
         r = compare(f, _make_args(prog.setup), fusion_type=fusion_type, seed=seed)
         return r is not None and r != REFUSED
@@ -200,8 +245,8 @@ def shrink(prog: Program, seed: int, fusion_type: str) -> Program:
 
 def reproducer(prog: Program, seed: int, fusion_type: str, problem: str) -> str:
     setup = "\n".join(prog.setup)
-    return f'''# keraunos fuzzer reproducer (seed {seed}, fusion_type={fusion_type!r})
-# {problem.splitlines()[0] if problem else ''}
+    return f"""# keraunos fuzzer reproducer (seed {seed}, fusion_type={fusion_type!r})
+# {problem.splitlines()[0] if problem else ""}
 import torch
 import keraunos
 from keraunos.testing import compare
@@ -210,11 +255,17 @@ from keraunos.testing import compare
 torch.manual_seed({seed})
 {setup}
 print(compare(f, args, fusion_type={fusion_type!r}, seed={seed}) or "agrees with eager")
-'''
+"""
 
 
-def fuzz(programs: int, seed: int, fusion_type: str, max_lines: int = 10, verbose=False,
-         stats: dict | None = None) -> list[str]:
+def fuzz(
+    programs: int,
+    seed: int,
+    fusion_type: str,
+    max_lines: int = 10,
+    verbose=False,
+    stats: dict | None = None,
+) -> list[str]:
     """Runs `programs` programs; returns a reproducer per mismatch. `stats` gets the counts of
     programs run and refused (see keraunos.testing.REFUSED)."""
     from .testing import REFUSED
@@ -240,7 +291,9 @@ def fuzz(programs: int, seed: int, fusion_type: str, max_lines: int = 10, verbos
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--programs", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fusion-type", default="both", choices=["consecutive", "dataflow", "both"])
@@ -253,8 +306,10 @@ def main(argv=None):
         stats: dict = {}
         fails = fuzz(args.programs, args.seed, ft, args.max_lines, verbose=True, stats=stats)
         total_fail += len(fails)
-        print(f"fusion_type={ft}: {args.programs} programs, {len(fails)} mismatches, "
-              f"{stats['refused']} refused as order-dependent ({time.perf_counter() - t0:.1f} s)")
+        print(
+            f"fusion_type={ft}: {args.programs} programs, {len(fails)} mismatches, "
+            f"{stats['refused']} refused as order-dependent ({time.perf_counter() - t0:.1f} s)"
+        )
     return 1 if total_fail else 0
 
 

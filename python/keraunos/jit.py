@@ -95,7 +95,9 @@ class JittedFunction(_C.Dispatcher):
 
     def __init__(self, fn, fusion_type="consecutive"):
         if fusion_type not in ("consecutive", "dataflow"):
-            raise ValueError(f"fusion_type must be 'consecutive' or 'dataflow', got {fusion_type!r}")
+            raise ValueError(
+                f"fusion_type must be 'consecutive' or 'dataflow', got {fusion_type!r}"
+            )
         super().__init__(torch.Tensor, self._compile)
         self._fn = fn
         self._fusion_type = fusion_type
@@ -115,10 +117,17 @@ class JittedFunction(_C.Dispatcher):
         proxies = []
         for t, sid in zip(tensors, sids):
             if type(t) not in (torch.Tensor, torch.nn.Parameter):
-                raise NotImplementedError(f"keraunos: tensor subclass {type(t).__name__} is not supported")
+                raise NotImplementedError(
+                    f"keraunos: tensor subclass {type(t).__name__} is not supported"
+                )
             p = builder.add_input(
-                to_kr_dtype(t.dtype, "input dtype"), to_kr_device(t.device), list(t.shape),
-                list(t.stride()), t.storage_offset(), sid, t.requires_grad,
+                to_kr_dtype(t.dtype, "input dtype"),
+                to_kr_device(t.device),
+                list(t.shape),
+                list(t.stride()),
+                t.storage_offset(),
+                sid,
+                t.requires_grad,
             )
             proxies.append(tracer.wrap_input(p))
         it = iter(proxies)
@@ -129,7 +138,11 @@ class JittedFunction(_C.Dispatcher):
             leaves, spec = pytree.tree_flatten(out)
             c_leaves = []
             for leaf in leaves:
-                if isinstance(leaf, (Proxy, torch.Tensor)) or leaf is None or isinstance(leaf, (bool, int, float, str)):
+                if (
+                    isinstance(leaf, (Proxy, torch.Tensor))
+                    or leaf is None
+                    or isinstance(leaf, (bool, int, float, str))
+                ):
                     c_leaves.append(to_c(leaf))
                 else:
                     raise TypeError(
@@ -229,7 +242,9 @@ def last_traces(jf):
     """Every stage of the most recent compilation: acquisition, each pass, the program."""
     j = _jitted(jf)
     if j._traces is None:
-        raise RuntimeError("keraunos.last_traces: the function has not been compiled yet (call it first)")
+        raise RuntimeError(
+            "keraunos.last_traces: the function has not been compiled yet (call it first)"
+        )
     return list(j._traces)
 
 

@@ -45,12 +45,14 @@ def alias_pattern(args, outputs):
     pat = []
     for j, o in enumerate(outs):
         s = sid(o)
-        pat.append((
-            tuple(i for i, t in enumerate(ins) if s is not None and sid(t) == s),
-            tuple(i for i, t in enumerate(ins) if t is o),
-            tuple(k for k in range(j) if s is not None and sid(outs[k]) == s),
-            tuple(k for k in range(j) if outs[k] is o),
-        ))
+        pat.append(
+            (
+                tuple(i for i, t in enumerate(ins) if s is not None and sid(t) == s),
+                tuple(i for i, t in enumerate(ins) if t is o),
+                tuple(k for k in range(j) if s is not None and sid(outs[k]) == s),
+                tuple(k for k in range(j) if outs[k] is o),
+            )
+        )
     return pat
 
 
@@ -80,8 +82,17 @@ def differences(actual, expected, what="output", atol=0.0, rtol=0.0) -> str | No
 REFUSED = "refused: order-dependent in-place overlap"
 
 
-def compare(fn, args, kwargs=None, *, fusion_type="consecutive", seed=None, atol=0.0, rtol=0.0,
-            check_alias=True) -> str | None:
+def compare(
+    fn,
+    args,
+    kwargs=None,
+    *,
+    fusion_type="consecutive",
+    seed=None,
+    atol=0.0,
+    rtol=0.0,
+    check_alias=True,
+) -> str | None:
     """Runs fn eagerly and through keraunos.jit on copies of the same arguments. None when they
     agree on outputs, the inputs' contents after the call and aliasing; else what differs."""
     kwargs = kwargs or {}
@@ -101,7 +112,11 @@ def compare(fn, args, kwargs=None, *, fusion_type="consecutive", seed=None, atol
     except Exception as e:
         if eager_error is not None and isinstance(e, type(eager_error)):
             return None
-        if eager_error is None and isinstance(e, NotImplementedError) and "iteration order" in str(e):
+        if (
+            eager_error is None
+            and isinstance(e, NotImplementedError)
+            and "iteration order" in str(e)
+        ):
             # A documented refusal: eager's result depends on its kernel's iteration order.
             return REFUSED
         return f"keraunos raised {type(e).__name__}: {e}\n{traceback.format_exc()}"
@@ -110,6 +125,10 @@ def compare(fn, args, kwargs=None, *, fusion_type="consecutive", seed=None, atol
     return (
         differences(actual, expected, "output", atol, rtol)
         or differences(jit_args, eager_args, "input after the call", atol, rtol)
-        or (None if not check_alias or alias_pattern(jit_args, actual) == alias_pattern(eager_args, expected)
-            else f"aliasing: {alias_pattern(jit_args, actual)} vs eager {alias_pattern(eager_args, expected)}")
+        or (
+            None
+            if not check_alias
+            or alias_pattern(jit_args, actual) == alias_pattern(eager_args, expected)
+            else f"aliasing: {alias_pattern(jit_args, actual)} vs eager {alias_pattern(eager_args, expected)}"
+        )
     )

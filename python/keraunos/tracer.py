@@ -48,9 +48,14 @@ def _public_names() -> dict[int, str]:
     global _PUBLIC_NAMES
     if _PUBLIC_NAMES is None:
         names: dict[int, str] = {}
-        spaces = [("torch.Tensor", torch.Tensor), ("torch.nn.functional", torch.nn.functional),
-                  ("torch.fft", torch.fft), ("torch.linalg", torch.linalg),
-                  ("torch.special", torch.special), ("torch", torch)]
+        spaces = [
+            ("torch.Tensor", torch.Tensor),
+            ("torch.nn.functional", torch.nn.functional),
+            ("torch.fft", torch.fft),
+            ("torch.linalg", torch.linalg),
+            ("torch.special", torch.special),
+            ("torch", torch),
+        ]
         for prefix, ns in spaces:
             for attr in dir(ns):
                 try:
@@ -261,11 +266,52 @@ def _C_wrap(dim, n, what):
 def _install_operators():
     """Python operators on proxies call the matching torch.Tensor dunder through `handle`."""
     names = [
-        "add", "radd", "iadd", "sub", "rsub", "isub", "mul", "rmul", "imul", "truediv",
-        "rtruediv", "itruediv", "floordiv", "rfloordiv", "ifloordiv", "mod", "rmod", "imod",
-        "pow", "rpow", "ipow", "matmul", "rmatmul", "and", "rand", "iand", "or", "ror", "ior",
-        "xor", "rxor", "ixor", "neg", "pos", "abs", "invert", "eq", "ne", "lt", "le", "gt", "ge",
-        "getitem", "setitem", "lshift", "rshift",
+        "add",
+        "radd",
+        "iadd",
+        "sub",
+        "rsub",
+        "isub",
+        "mul",
+        "rmul",
+        "imul",
+        "truediv",
+        "rtruediv",
+        "itruediv",
+        "floordiv",
+        "rfloordiv",
+        "ifloordiv",
+        "mod",
+        "rmod",
+        "imod",
+        "pow",
+        "rpow",
+        "ipow",
+        "matmul",
+        "rmatmul",
+        "and",
+        "rand",
+        "iand",
+        "or",
+        "ror",
+        "ior",
+        "xor",
+        "rxor",
+        "ixor",
+        "neg",
+        "pos",
+        "abs",
+        "invert",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "getitem",
+        "setitem",
+        "lshift",
+        "rshift",
     ]
     for n in names:
         dunder = f"__{n}__"
@@ -317,8 +363,13 @@ class Tracer:
             )
         with torch._C.DisableTorchFunction():
             p = self.builder.add_input(
-                to_kr_dtype(t.dtype), to_kr_device(t.device), list(t.shape), list(t.stride()),
-                t.storage_offset(), -1, t.requires_grad,
+                to_kr_dtype(t.dtype),
+                to_kr_device(t.device),
+                list(t.shape),
+                list(t.stride()),
+                t.storage_offset(),
+                -1,
+                t.requires_grad,
             )
         px = self.wrap_input(p)
         self.lifted.append(t)
@@ -358,7 +409,9 @@ def to_c(x):
                     part._data_dependent("a slice bound")
         return x
     if isinstance(x, torch.memory_format):
-        raise NotImplementedError(f"keraunos: memory_format arguments are not supported (at {where()})")
+        raise NotImplementedError(
+            f"keraunos: memory_format arguments are not supported (at {where()})"
+        )
     raise TypeError(f"keraunos: unsupported argument of type {type(x).__name__} (at {where()})")
 
 
@@ -400,13 +453,21 @@ def record(op: str, display: str, args, kwargs):
     tr = current()
     file, line, fn = user_location()
     out = tr.builder.call(
-        op, [to_c(a) for a in args], {k: to_c(v) for k, v in kwargs.items()}, display, file, line, fn
+        op,
+        [to_c(a) for a in args],
+        {k: to_c(v) for k, v in kwargs.items()},
+        display,
+        file,
+        line,
+        fn,
     )
     return from_c(out)
 
 
 def _has_proxy(args, kwargs):
-    return any(isinstance(a, Proxy) for a in args) or any(isinstance(v, Proxy) for v in kwargs.values())
+    return any(isinstance(a, Proxy) for a in args) or any(
+        isinstance(v, Proxy) for v in kwargs.values()
+    )
 
 
 # Metadata of real tensors (globals, closures) may be read while tracing.
@@ -421,8 +482,22 @@ _METADATA = {
     torch.Tensor.storage_offset,
     torch.Tensor.__len__,
 }
-for _name in ("shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_cpu", "layout",
-              "is_sparse", "is_quantized", "is_nested", "grad_fn", "names", "is_leaf"):
+for _name in (
+    "shape",
+    "dtype",
+    "device",
+    "ndim",
+    "requires_grad",
+    "is_cuda",
+    "is_cpu",
+    "layout",
+    "is_sparse",
+    "is_quantized",
+    "is_nested",
+    "grad_fn",
+    "names",
+    "is_leaf",
+):
     _attr = getattr(torch.Tensor, _name, None)
     if _attr is not None and hasattr(_attr, "__get__"):
         _METADATA.add(_attr.__get__)

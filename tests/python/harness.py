@@ -3,13 +3,10 @@ contents of every input after the call, and which outputs alias which inputs and
 
 from __future__ import annotations
 
+import keraunos
 import pytest
 import torch
 import torch.utils._pytree as pytree
-
-import keraunos
-
-
 from keraunos.testing import alias_pattern, clone_args  # noqa: E402
 
 
@@ -21,18 +18,34 @@ def assert_same(actual, expected, *, exact=True, atol=None, rtol=None, what="out
         if isinstance(e, torch.Tensor):
             assert isinstance(a, torch.Tensor), f"{what}[{i}]: expected a tensor, got {type(a)}"
             assert a.dtype == e.dtype, f"{what}[{i}]: dtype {a.dtype} vs eager {e.dtype}"
-            assert a.shape == e.shape, f"{what}[{i}]: shape {tuple(a.shape)} vs eager {tuple(e.shape)}"
+            assert a.shape == e.shape, (
+                f"{what}[{i}]: shape {tuple(a.shape)} vs eager {tuple(e.shape)}"
+            )
             assert a.device == e.device, f"{what}[{i}]: device {a.device} vs eager {e.device}"
             if exact and atol is None:
-                torch.testing.assert_close(a, e, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{what}[{i}]: {m}")
+                torch.testing.assert_close(
+                    a, e, rtol=0, atol=0, equal_nan=True, msg=lambda m, i=i: f"{what}[{i}]: {m}"
+                )
             else:
-                torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}[{i}]: {m}")
+                torch.testing.assert_close(
+                    a, e, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m, i=i: f"{what}[{i}]: {m}"
+                )
         else:
             assert a == e or (a != a and e != e), f"{what}[{i}]: {a!r} vs eager {e!r}"
 
 
-def check(fn, *args, fusion_type="consecutive", exact=True, atol=None, rtol=None, seed=None,
-          check_alias=True, check_strides=False, **kwargs):
+def check(
+    fn,
+    *args,
+    fusion_type="consecutive",
+    exact=True,
+    atol=None,
+    rtol=None,
+    seed=None,
+    check_alias=True,
+    check_strides=False,
+    **kwargs,
+):
     """Runs fn eagerly and through keraunos.jit on copies of the same arguments and asserts
     they agree. Returns the jitted function (for trace assertions)."""
     eager_args = clone_args((args, kwargs))
@@ -52,7 +65,9 @@ def check(fn, *args, fusion_type="consecutive", exact=True, atol=None, rtol=None
     assert_same(actual, expected, exact=exact, atol=atol, rtol=rtol)
     assert_same(jit_args, eager_args, exact=exact, atol=atol, rtol=rtol, what="input after call")
     if check_alias:
-        assert alias_pattern(jit_args, actual) == alias_pattern(eager_args, expected), "aliasing differs from eager"
+        assert alias_pattern(jit_args, actual) == alias_pattern(eager_args, expected), (
+            "aliasing differs from eager"
+        )
     if check_strides:
         for a, e in zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected)):
             if isinstance(e, torch.Tensor):
@@ -81,7 +96,9 @@ def check_prims(fn, *args, atol=1e-5, rtol=1e-5, **kwargs):
     jf(*jit_args[0], **jit_args[1])
     final = keraunos.last_traces(jf)[-2]
     _, prog = build_program(final, prims=True)
-    flat_in = [t for t in pytree.tree_leaves(clone_args((args, kwargs))) if isinstance(t, torch.Tensor)]
+    flat_in = [
+        t for t in pytree.tree_leaves(clone_args((args, kwargs))) if isinstance(t, torch.Tensor)
+    ]
     eager_args = clone_args((args, kwargs))
     expected = fn(*eager_args[0], **eager_args[1])
     actual = prog(*flat_in)
@@ -90,5 +107,7 @@ def check_prims(fn, *args, atol=1e-5, rtol=1e-5, **kwargs):
     assert len(a_leaves) == len(e_leaves)
     for a, e in zip(a_leaves, e_leaves):
         if isinstance(e, torch.Tensor):
-            assert a.dtype == e.dtype and a.shape == e.shape, f"{a.dtype}{tuple(a.shape)} vs {e.dtype}{tuple(e.shape)}"
+            assert a.dtype == e.dtype and a.shape == e.shape, (
+                f"{a.dtype}{tuple(a.shape)} vs {e.dtype}{tuple(e.shape)}"
+            )
             torch.testing.assert_close(a, e, atol=atol, rtol=rtol, equal_nan=True)

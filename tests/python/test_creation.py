@@ -1,8 +1,7 @@
+import keraunos
 import pytest
 import torch
 from harness import check, check_prims
-
-import keraunos
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 ALL = FLOATS + [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
@@ -55,8 +54,12 @@ def test_default_dtype_follows_torch(name):
 
 
 def test_empty_meta():
-    for fn in [lambda: torch.empty(2, 3), lambda: torch.empty((4,), dtype=torch.int32), lambda: torch.empty([]),
-               lambda: torch.empty(size=(0, 2), dtype=torch.bool)]:
+    for fn in [
+        lambda: torch.empty(2, 3),
+        lambda: torch.empty((4,), dtype=torch.int32),
+        lambda: torch.empty([]),
+        lambda: torch.empty(size=(0, 2), dtype=torch.bool),
+    ]:
         jf = keraunos.jit(fn)
         assert _meta(jf()) == _meta(fn())
 
@@ -65,15 +68,25 @@ def test_negative_sizes():
     check(lambda: torch.zeros(2, -1))
     for f in (torch.ones, torch.empty, torch.rand, torch.randn):
         check(lambda f=f: f(2, -1))
-        with pytest.raises(RuntimeError, match=r"Trying to create tensor with negative dimension -1: \[2, -1\]"):
+        with pytest.raises(
+            RuntimeError, match=r"Trying to create tensor with negative dimension -1: \[2, -1\]"
+        ):
             keraunos.jit(lambda f=f: f(2, -1))()
     with pytest.raises(RuntimeError, match="zeros: Dimension size must be non-negative."):
         keraunos.jit(lambda: torch.zeros(-3))()
     check(lambda: torch.full((-1, 3), 1.0))
 
 
-@pytest.mark.parametrize("value,dtype", [(3, torch.int64), (1.5, torch.float32), (True, torch.bool),
-                                         (False, torch.bool), (-7, torch.int64)])
+@pytest.mark.parametrize(
+    "value,dtype",
+    [
+        (3, torch.int64),
+        (1.5, torch.float32),
+        (True, torch.bool),
+        (False, torch.bool),
+        (-7, torch.int64),
+    ],
+)
 def test_full_dtype_inference(value, dtype):
     jf = check(lambda: torch.full((2, 3), value))
     assert jf().dtype == dtype
@@ -89,18 +102,49 @@ def test_full_cast():
     check(lambda: torch.full((3,), 1e10, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("args", [(5,), (0,), (2, 7), (7, 2, -2), (0, 10, 3), (10, 0, -3), (1, 2, 0.1),
-                                  (0.5, 2.7), (5.0,), (-3, 3), (1.5, 3, 0.25), (0, 1, 1e-3), (3, 3),
-                                  (0, -1, -0.3), (True,), (-5, -1)])
+@pytest.mark.parametrize(
+    "args",
+    [
+        (5,),
+        (0,),
+        (2, 7),
+        (7, 2, -2),
+        (0, 10, 3),
+        (10, 0, -3),
+        (1, 2, 0.1),
+        (0.5, 2.7),
+        (5.0,),
+        (-3, 3),
+        (1.5, 3, 0.25),
+        (0, 1, 1e-3),
+        (3, 3),
+        (0, -1, -0.3),
+        (True,),
+        (-5, -1),
+    ],
+)
 def test_arange(args):
     jf = check(lambda: torch.arange(*args))
     out = torch.arange(*args)
     assert jf().shape == out.shape and jf().dtype == out.dtype
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8, torch.float32,
-                                   torch.float64, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("args", [(5,), (1, 9, 2), (0.5, 2.7), (0, 5.9), (0, 1, 0.5), (0, 5, 0.3), (4, 0, -1)])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.uint8,
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+    ],
+)
+@pytest.mark.parametrize(
+    "args", [(5,), (1, 9, 2), (0.5, 2.7), (0, 5.9), (0, 1, 0.5), (0, 5, 0.3), (4, 0, -1)]
+)
 def test_arange_dtype(dtype, args):
     check(lambda: torch.arange(*args, dtype=dtype))
 
@@ -118,7 +162,9 @@ def test_arange_kwargs_and_errors():
     check(lambda: torch.arange(3, dtype=torch.bool))  # NotImplementedError in eager
     with pytest.raises(RuntimeError, match="step must be nonzero"):
         keraunos.jit(lambda: torch.arange(0, 1, 0))()
-    with pytest.raises(RuntimeError, match="upper bound and lower bound inconsistent with step sign"):
+    with pytest.raises(
+        RuntimeError, match="upper bound and lower bound inconsistent with step sign"
+    ):
         keraunos.jit(lambda: torch.arange(0, -1, 1.0))()
     with pytest.raises(RuntimeError, match="unsupported range: 0 -> inf"):
         keraunos.jit(lambda: torch.arange(0, float("inf")))()
@@ -131,9 +177,18 @@ def test_arange_with_input():
 
 def _inputs():
     x = torch.randn(3, 4)
-    return [x, x.t(), x[:, ::2], torch.randn(2, 3, 4).permute(2, 0, 1), torch.randn(1, 4, 1),
-            torch.randn(()), torch.randn(3, 1).expand(3, 4), torch.arange(12).view(3, 4),
-            torch.zeros(0, 3), torch.ones(2, 3, dtype=torch.float16).t()]
+    return [
+        x,
+        x.t(),
+        x[:, ::2],
+        torch.randn(2, 3, 4).permute(2, 0, 1),
+        torch.randn(1, 4, 1),
+        torch.randn(()),
+        torch.randn(3, 1).expand(3, 4),
+        torch.arange(12).view(3, 4),
+        torch.zeros(0, 3),
+        torch.ones(2, 3, dtype=torch.float16).t(),
+    ]
 
 
 @pytest.mark.parametrize("name", ["zeros_like", "ones_like"])
@@ -205,9 +260,13 @@ def test_random_errors():
     check(lambda: torch.randn(2, dtype=torch.long))
     check(lambda: torch.rand(2, dtype=torch.int32))
     check(lambda: torch.randn(2, dtype=torch.bool))
-    with pytest.raises(NotImplementedError, match="\"normal_kernel_cpu\" not implemented for 'Long'"):
+    with pytest.raises(
+        NotImplementedError, match="\"normal_kernel_cpu\" not implemented for 'Long'"
+    ):
         keraunos.jit(lambda: torch.randn(2, dtype=torch.long))()
-    with pytest.raises(NotImplementedError, match="\"check_uniform_bounds\" not implemented for 'Int'"):
+    with pytest.raises(
+        NotImplementedError, match="\"check_uniform_bounds\" not implemented for 'Int'"
+    ):
         keraunos.jit(lambda: torch.rand(2, dtype=torch.int32))()
     g = torch.Generator().manual_seed(0)
     with pytest.raises(NotImplementedError, match="generator"):
@@ -216,7 +275,11 @@ def test_random_errors():
 
 
 def test_new_methods():
-    for x in [torch.randn(3, 4, dtype=torch.float64), torch.arange(6).view(2, 3), torch.zeros(2, dtype=torch.bool)]:
+    for x in [
+        torch.randn(3, 4, dtype=torch.float64),
+        torch.arange(6).view(2, 3),
+        torch.zeros(2, dtype=torch.bool),
+    ]:
         check(lambda a: a.new_zeros(2, 3), x)
         check(lambda a: a.new_zeros((2, 3)), x)
         check(lambda a: a.new_ones([]), x)
@@ -245,7 +308,9 @@ def test_requires_grad_and_layout_errors():
     with pytest.raises((NotImplementedError, TypeError)):
         keraunos.jit(lambda: torch.zeros(2, pin_memory=True))()
     with pytest.raises(NotImplementedError, match="memory_format"):
-        keraunos.jit(lambda a: torch.zeros_like(a, memory_format=torch.contiguous_format))(torch.ones(2, 2))
+        keraunos.jit(lambda a: torch.zeros_like(a, memory_format=torch.contiguous_format))(
+            torch.ones(2, 2)
+        )
     with pytest.raises(TypeError):
         keraunos.jit(lambda: torch.zeros(2.0))()
     with pytest.raises(TypeError):
@@ -266,7 +331,18 @@ def test_device_of_proxy():
     check(lambda a: torch.zeros(2, device=a.device) + a, torch.ones(2))
     check(lambda a: torch.randn(3, device=a.device, dtype=a.dtype), torch.ones(2), seed=0)
     check(lambda a: a.new_zeros(2, device=torch.device("cpu")) + a, torch.ones(2))
-    check(lambda a: torch.ones(2, device=torch.device("cpu", )) + a, torch.ones(2))
+    check(
+        lambda a: (
+            torch.ones(
+                2,
+                device=torch.device(
+                    "cpu",
+                ),
+            )
+            + a
+        ),
+        torch.ones(2),
+    )
 
 
 def test_decompositions():

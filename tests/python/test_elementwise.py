@@ -2,10 +2,36 @@ import pytest
 import torch
 from harness import check, check_prims
 
-UNARY_FLOAT = ["exp", "exp2", "log", "log2", "log1p", "expm1", "sin", "cos", "tan", "tanh",
-               "sigmoid", "sqrt", "rsqrt", "erf", "reciprocal"]
-UNARY_ANY = ["abs", "neg", "floor", "ceil", "round", "trunc", "sign", "isnan", "isinf", "isfinite",
-             "logical_not"]
+UNARY_FLOAT = [
+    "exp",
+    "exp2",
+    "log",
+    "log2",
+    "log1p",
+    "expm1",
+    "sin",
+    "cos",
+    "tan",
+    "tanh",
+    "sigmoid",
+    "sqrt",
+    "rsqrt",
+    "erf",
+    "reciprocal",
+]
+UNARY_ANY = [
+    "abs",
+    "neg",
+    "floor",
+    "ceil",
+    "round",
+    "trunc",
+    "sign",
+    "isnan",
+    "isinf",
+    "isfinite",
+    "logical_not",
+]
 
 
 def _inputs(dtype, shape=(3, 5)):
@@ -19,7 +45,9 @@ def _inputs(dtype, shape=(3, 5)):
 
 
 @pytest.mark.parametrize("name", UNARY_FLOAT + UNARY_ANY)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32]
+)
 def test_unary(name, dtype):
     x = _inputs(dtype)
     if name in ("abs", "neg", "floor", "ceil", "round", "trunc") and dtype == torch.bool:
@@ -28,7 +56,9 @@ def test_unary(name, dtype):
     check(lambda a: getattr(a, name)(), x)
 
 
-@pytest.mark.parametrize("name", UNARY_FLOAT + ["abs", "neg", "floor", "ceil", "round", "trunc", "sign"])
+@pytest.mark.parametrize(
+    "name", UNARY_FLOAT + ["abs", "neg", "floor", "ceil", "round", "trunc", "sign"]
+)
 def test_unary_inplace(name):
     x = _inputs(torch.float32)
 
@@ -48,18 +78,51 @@ def test_unary_decompositions(name):
     check_prims(lambda a: getattr(torch, name)(a), torch.rand(4, 6) + 0.1)
 
 
-BINARY = ["add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum",
-          "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"]
+BINARY = [
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "floor_divide",
+    "remainder",
+    "fmod",
+    "pow",
+    "maximum",
+    "minimum",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+]
 
 
 @pytest.mark.parametrize("name", BINARY)
-@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.float32, torch.float16),
-                                    (torch.int64, torch.float32), (torch.int32, torch.int64),
-                                    (torch.bfloat16, torch.float16), (torch.uint8, torch.int8)])
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (torch.float32, torch.float32),
+        (torch.float32, torch.float16),
+        (torch.int64, torch.float32),
+        (torch.int32, torch.int64),
+        (torch.bfloat16, torch.float16),
+        (torch.uint8, torch.int8),
+    ],
+)
 def test_binary_promotion_broadcast(name, dtypes):
-    a = _inputs(dtypes[0], (4, 1, 3)).abs() + 1 if name in ("pow",) else _inputs(dtypes[0], (4, 1, 3))
+    a = (
+        _inputs(dtypes[0], (4, 1, 3)).abs() + 1
+        if name in ("pow",)
+        else _inputs(dtypes[0], (4, 1, 3))
+    )
     b = _inputs(dtypes[1], (5, 1))
-    if name in ("floor_divide", "remainder", "fmod", "div") and not (dtypes[0].is_floating_point or dtypes[1].is_floating_point):
+    if name in ("floor_divide", "remainder", "fmod", "div") and not (
+        dtypes[0].is_floating_point or dtypes[1].is_floating_point
+    ):
         b = b.abs() + 1
     if name == "pow" and not (dtypes[0].is_floating_point or dtypes[1].is_floating_point):
         b = b.abs()
@@ -70,7 +133,9 @@ def test_binary_promotion_broadcast(name, dtypes):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.float16, torch.uint8])
 def test_python_scalars(scalar, dtype):
     x = _inputs(dtype, (3, 4)).abs() + 1
-    check(lambda a: (a + scalar, scalar - a, a * scalar, a / scalar, scalar / a, a < scalar, a ** 2), x)
+    check(
+        lambda a: (a + scalar, scalar - a, a * scalar, a / scalar, scalar / a, a < scalar, a**2), x
+    )
 
 
 def test_zero_dim_tensor_promotion():
@@ -89,19 +154,49 @@ def test_non_contiguous_layouts():
 def test_alpha_and_rounding():
     a = torch.randn(4, 4)
     b = torch.randn(4, 4)
-    check(lambda x, y: (torch.add(x, y, alpha=2), torch.sub(x, y, alpha=0.5),
-                        torch.div(x, y, rounding_mode="trunc"), torch.div(x, y, rounding_mode="floor")), a, b)
+    check(
+        lambda x, y: (
+            torch.add(x, y, alpha=2),
+            torch.sub(x, y, alpha=0.5),
+            torch.div(x, y, rounding_mode="trunc"),
+            torch.div(x, y, rounding_mode="floor"),
+        ),
+        a,
+        b,
+    )
     ai = torch.randint(-20, 20, (5,))
     bi = torch.randint(1, 6, (5,))
-    check(lambda x, y: (torch.div(x, y, rounding_mode="trunc"), torch.div(x, y, rounding_mode="floor"),
-                        x // y, x % y, torch.div(x, y)), ai, bi)
+    check(
+        lambda x, y: (
+            torch.div(x, y, rounding_mode="trunc"),
+            torch.div(x, y, rounding_mode="floor"),
+            x // y,
+            x % y,
+            torch.div(x, y),
+        ),
+        ai,
+        bi,
+    )
 
 
 def test_where_clamp_lerp_addc():
     x, y, z = torch.randn(3, 4), torch.randn(4), torch.rand(3, 1)
-    check(lambda a, b, c: (torch.where(a > 0, a, b), torch.where(a > 0, 1.0, a), torch.clamp(a, -0.5, 0.5),
-                           torch.clamp(a, min=b), a.clamp(max=0.1), torch.lerp(a, b, 0.3), torch.lerp(a, b, c),
-                           torch.addcmul(a, b, c, value=0.5), torch.addcdiv(a, b, c + 1, value=2)), x, y, z)
+    check(
+        lambda a, b, c: (
+            torch.where(a > 0, a, b),
+            torch.where(a > 0, 1.0, a),
+            torch.clamp(a, -0.5, 0.5),
+            torch.clamp(a, min=b),
+            a.clamp(max=0.1),
+            torch.lerp(a, b, 0.3),
+            torch.lerp(a, b, c),
+            torch.addcmul(a, b, c, value=0.5),
+            torch.addcdiv(a, b, c + 1, value=2),
+        ),
+        x,
+        y,
+        z,
+    )
 
 
 def test_nan_to_num_and_bitwise():
@@ -119,17 +214,42 @@ def test_activations(dtype):
     F = torch.nn.functional
     exact = dtype == torch.float32
     kw = {} if dtype in (torch.float32, torch.float64) else {"atol": 1e-2, "rtol": 1e-2}
-    check(lambda a: (F.relu(a), F.gelu(a), F.gelu(a, approximate="tanh"), F.silu(a), F.softplus(a),
-                     F.softplus(a, beta=2, threshold=3), F.leaky_relu(a, 0.2), F.elu(a), F.hardtanh(a),
-                     torch.relu(a), F.relu6(a)), x, **kw)
+    check(
+        lambda a: (
+            F.relu(a),
+            F.gelu(a),
+            F.gelu(a, approximate="tanh"),
+            F.silu(a),
+            F.softplus(a),
+            F.softplus(a, beta=2, threshold=3),
+            F.leaky_relu(a, 0.2),
+            F.elu(a),
+            F.hardtanh(a),
+            torch.relu(a),
+            F.relu6(a),
+        ),
+        x,
+        **kw,
+    )
     del exact
 
 
 def test_activation_decompositions():
     F = torch.nn.functional
     x = torch.randn(4, 8) * 4
-    check_prims(lambda a: (F.gelu(a), F.gelu(a, approximate="tanh"), F.silu(a), F.softplus(a),
-                           F.leaky_relu(a), F.elu(a), F.hardtanh(a), torch.clamp(a, -1, 1)), x)
+    check_prims(
+        lambda a: (
+            F.gelu(a),
+            F.gelu(a, approximate="tanh"),
+            F.silu(a),
+            F.softplus(a),
+            F.leaky_relu(a),
+            F.elu(a),
+            F.hardtanh(a),
+            torch.clamp(a, -1, 1),
+        ),
+        x,
+    )
 
 
 def test_inplace_activations():
@@ -146,14 +266,31 @@ def test_inplace_activations():
 def test_dropout():
     x = torch.randn(64, 64)
     F = torch.nn.functional
-    check(lambda a: (F.dropout(a, 0.3), F.dropout(a, 0.0), F.dropout(a, 0.5, training=False)), x, seed=0)
+    check(
+        lambda a: (F.dropout(a, 0.3), F.dropout(a, 0.0), F.dropout(a, 0.5, training=False)),
+        x,
+        seed=0,
+    )
 
 
 def test_casts():
     x = torch.randn(3, 4) * 10
-    check(lambda a: (a.to(torch.int32), a.half(), a.bfloat16(), a.long(), a.bool(), a.double(),
-                     a.type_as(torch.zeros(1, dtype=torch.int16)), a.to(dtype=torch.float16),
-                     a.to("cpu"), a.float(), a.to(torch.float32, copy=True)), x)
+    check(
+        lambda a: (
+            a.to(torch.int32),
+            a.half(),
+            a.bfloat16(),
+            a.long(),
+            a.bool(),
+            a.double(),
+            a.type_as(torch.zeros(1, dtype=torch.int16)),
+            a.to(dtype=torch.float16),
+            a.to("cpu"),
+            a.float(),
+            a.to(torch.float32, copy=True),
+        ),
+        x,
+    )
 
 
 def test_noop_cast_returns_self():

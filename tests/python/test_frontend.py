@@ -1,10 +1,9 @@
 """The frontend: caching, signatures, modules, errors, traces."""
 
+import keraunos
 import pytest
 import torch
 from harness import check
-
-import keraunos
 
 
 def test_cache_hits_and_recompiles():
@@ -135,7 +134,14 @@ def test_last_traces_every_stage_ends_with_return():
     jf = keraunos.jit(lambda x: (x.sin() + 1, x.sin() * 2))
     jf(torch.randn(3))
     traces = keraunos.last_traces(jf)
-    assert [t.stage for t in traces] == ["acquire", "functionalize", "dce", "cse", "dce", "torch executor"]
+    assert [t.stage for t in traces] == [
+        "acquire",
+        "functionalize",
+        "dce",
+        "cse",
+        "dce",
+        "torch executor",
+    ]
     for t in traces:
         lines = [ln for ln in str(t).strip().splitlines() if not ln.strip().startswith("#")]
         assert lines[-1].strip().startswith("return")
@@ -152,8 +158,12 @@ def test_exact_acquired_trace():
     jf = keraunos.jit(f)
     jf(torch.randn(2, 3), torch.randn(3))
     body = str(keraunos.last_traces(jf)[0]).split("\n", 1)[1]
-    body = "\n".join(ln.split("  # ")[0].rstrip() if "at /" in ln else ln for ln in body.splitlines())
-    assert body == """def computation(t0, t1):
+    body = "\n".join(
+        ln.split("  # ")[0].rstrip() if "at /" in ln else ln for ln in body.splitlines()
+    )
+    assert (
+        body
+        == """def computation(t0, t1):
   # t0: cpu f32[2, 3]
   # t1: cpu f32[3]
   t2 = ltorch.mul(t0, 2)
@@ -165,6 +175,7 @@ def test_exact_acquired_trace():
     # t5 = prims.gt(t4, 0)  # t5: cpu b8[2, 3]
     # t6 = prims.where(t5, t4, 0)  # t6: cpu f32[2, 3]
   return t6"""
+    )
 
 
 def test_inplace_on_inputs_both_fusion_types():

@@ -7,11 +7,10 @@ import os
 import re
 from pathlib import Path
 
+import keraunos
 import pytest
 import torch
 from harness import check
-
-import keraunos
 
 GOLDEN = Path(__file__).parent / "golden" / "functionalize"
 UPDATE = os.environ.get("KERAUNOS_UPDATE_GOLDEN") == "1"
@@ -156,12 +155,21 @@ PATTERNS = {
     "dead_intermediate_mutation": (dead_intermediate_mutation, lambda: ()),
     "mutate_then_read": (mutate_then_read, lambda: (torch.randn(3),)),
     "read_then_mutate": (read_then_mutate, lambda: (torch.randn(3),)),
-    "view_of_mutated_input_returned": (view_of_mutated_input_returned, lambda: (torch.randn(2, 3),)),
+    "view_of_mutated_input_returned": (
+        view_of_mutated_input_returned,
+        lambda: (torch.randn(2, 3),),
+    ),
     "write_slice_read_base": (write_slice_read_base, lambda: (torch.randn(3, 2),)),
     "write_base_read_slice": (write_base_read_slice, lambda: (torch.randn(3, 2),)),
     "two_views_one_write": (two_views_one_write, lambda: (torch.randn(3, 2),)),
-    "aliased_inputs_same_tensor": (aliased_inputs_same_tensor, lambda: (lambda t: (t, t))(torch.randn(3))),
-    "overlapping_input_views": (overlapping_input_views, lambda: (lambda t: (t[:3], t[1:]))(torch.randn(4))),
+    "aliased_inputs_same_tensor": (
+        aliased_inputs_same_tensor,
+        lambda: (lambda t: (t, t))(torch.randn(3)),
+    ),
+    "overlapping_input_views": (
+        overlapping_input_views,
+        lambda: (lambda t: (t[:3], t[1:]))(torch.randn(4)),
+    ),
     "mutate_intermediate_view": (mutate_intermediate_view, lambda: (torch.randn(3),)),
     "intermediate_view_returned": (intermediate_view_returned, lambda: (torch.randn(2, 3),)),
     "transpose_write": (transpose_write, lambda: (torch.randn(2, 3),)),

@@ -1,20 +1,35 @@
+import keraunos
 import pytest
 import torch
 from harness import check, check_prims
-
-import keraunos
 
 FUSIONS = ["consecutive", "dataflow"]
 
 
 def _inputs(dtype=torch.float32):
     x = torch.randn(3, 4).to(dtype)
-    return [x, torch.randn(4, 3).to(dtype).t(), torch.randn(3, 8).to(dtype)[:, ::2], torch.randn(()).to(dtype),
-            torch.zeros(0, 2).to(dtype)]
+    return [
+        x,
+        torch.randn(4, 3).to(dtype).t(),
+        torch.randn(3, 8).to(dtype)[:, ::2],
+        torch.randn(()).to(dtype),
+        torch.zeros(0, 2).to(dtype),
+    ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
-                                   torch.int32, torch.uint8, torch.bool])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.uint8,
+        torch.bool,
+    ],
+)
 @pytest.mark.parametrize("value", [0, 1, -2, 1.5, True, float("inf")])
 def test_fill_scalar(dtype, value):
     if value == float("inf") and not dtype.is_floating_point:
@@ -22,6 +37,7 @@ def test_fill_scalar(dtype, value):
     if dtype == torch.uint8 and value == -2:
         pytest.skip("eager's overflow check is not modelled")
     for x in _inputs(dtype):
+
         def f(a):
             r = a.fill_(value)
             return r, a * 1
@@ -32,7 +48,9 @@ def test_fill_scalar(dtype, value):
         assert out[0] is y  # fill_ returns its input itself
 
 
-@pytest.mark.parametrize("vdtype", [torch.float32, torch.float64, torch.int64, torch.bool, torch.float16])
+@pytest.mark.parametrize(
+    "vdtype", [torch.float32, torch.float64, torch.int64, torch.bool, torch.float16]
+)
 def test_fill_tensor_value(vdtype):
     v = torch.tensor(3.7).to(vdtype)
     for x in _inputs(torch.float32) + _inputs(torch.int32):
@@ -43,7 +61,10 @@ def test_fill_tensor_value(vdtype):
 
 def test_fill_errors():
     check(lambda a, b: a.fill_(b), torch.zeros(3), torch.ones(2))
-    with pytest.raises(RuntimeError, match="fill_ only supports 0-dimension value tensor but got tensor with 1 dimensions."):
+    with pytest.raises(
+        RuntimeError,
+        match="fill_ only supports 0-dimension value tensor but got tensor with 1 dimensions.",
+    ):
         keraunos.jit(lambda a, b: a.fill_(b))(torch.zeros(3), torch.ones(2))
     check(lambda a, b: torch.fill(a, b), torch.zeros(3), torch.ones(2, 2))
 
@@ -109,8 +130,10 @@ def _needs_none_return():
     try:
         keraunos.jit(lambda: None)()
     except TypeError:
-        pytest.xfail("returning None from a jitted function needs `nb::arg(\"out\").none()` on "
-                     "Builder.set_return in csrc/keraunos/python/module.cpp")
+        pytest.xfail(
+            'returning None from a jitted function needs `nb::arg("out").none()` on '
+            "Builder.set_return in csrc/keraunos/python/module.cpp"
+        )
 
 
 @pytest.mark.parametrize("fusion_type", FUSIONS)

@@ -26,8 +26,18 @@ def _tol(dtype):
 @pytest.mark.parametrize("dtype", ALL)
 def test_sum_forms(dtype):
     x = _x(dtype)
-    check(lambda a: (a.sum(), torch.sum(a, 1), a.sum(1, True), a.sum(dim=(0, 2)), a.sum(-1, keepdim=True),
-                     torch.sum(a, dim=()), a.sum(axis=0)), x)
+    check(
+        lambda a: (
+            a.sum(),
+            torch.sum(a, 1),
+            a.sum(1, True),
+            a.sum(dim=(0, 2)),
+            a.sum(-1, keepdim=True),
+            torch.sum(a, dim=()),
+            a.sum(axis=0),
+        ),
+        x,
+    )
 
 
 @pytest.mark.parametrize("dtype", ALL)
@@ -39,21 +49,41 @@ def test_prod_forms(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.float16])
 def test_sum_prod_dtype_kwarg(dtype):
     x = _x(dtype, (3, 4))
-    check(lambda a: (a.sum(dtype=torch.float64), torch.sum(a, 1, dtype=torch.int32), a.prod(dtype=torch.float32),
-                     torch.prod(a, 0, dtype=torch.float64), torch.sum(a, torch.float64)), x)
+    check(
+        lambda a: (
+            a.sum(dtype=torch.float64),
+            torch.sum(a, 1, dtype=torch.int32),
+            a.prod(dtype=torch.float32),
+            torch.prod(a, 0, dtype=torch.float64),
+            torch.sum(a, torch.float64),
+        ),
+        x,
+    )
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_mean(dtype):
     x = _x(dtype)
-    check(lambda a: (a.mean(), torch.mean(a, 1), a.mean((0, -1), True), a.mean(dim=[]), a.mean(dtype=torch.float64)), x)
+    check(
+        lambda a: (
+            a.mean(),
+            torch.mean(a, 1),
+            a.mean((0, -1), True),
+            a.mean(dim=[]),
+            a.mean(dtype=torch.float64),
+        ),
+        x,
+    )
 
 
 def test_mean_int_errors():
     x = torch.arange(6)
     check(lambda a: a.mean(), x)
-    with pytest.raises(RuntimeError, match="mean\\(\\): could not infer output dtype. Input dtype must be"):
+    with pytest.raises(
+        RuntimeError, match="mean\\(\\): could not infer output dtype. Input dtype must be"
+    ):
         import keraunos
+
         keraunos.jit(lambda a: a.mean())(x)
     with pytest.raises(RuntimeError, match="Optional dtype must be either a floating point"):
         keraunos.jit(lambda a: a.mean(dtype=torch.int32))(torch.randn(3))
@@ -64,8 +94,26 @@ def test_reductions_noncontiguous_and_zero_dim():
     x = torch.randn(5, 6).t()  # transposed
     y = torch.randn(4, 8)[:, ::2]  # strided
     s = torch.tensor(2.5)
-    check(lambda a, b, c: (a.sum(0), a.mean(1, True), b.sum(-1), b.amax(0), torch.var(a, 0), c.sum(), c.sum(0),
-                           c.sum(-1, True), c.mean(), c.prod(0), c.amax(), torch.max(c), torch.max(c, 0)), x, y, s)
+    check(
+        lambda a, b, c: (
+            a.sum(0),
+            a.mean(1, True),
+            b.sum(-1),
+            b.amax(0),
+            torch.var(a, 0),
+            c.sum(),
+            c.sum(0),
+            c.sum(-1, True),
+            c.mean(),
+            c.prod(0),
+            c.amax(),
+            torch.max(c),
+            torch.max(c, 0),
+        ),
+        x,
+        y,
+        s,
+    )
 
 
 def test_empty_reductions():
@@ -75,6 +123,7 @@ def test_empty_reductions():
 
 def test_reduction_dim_errors():
     import keraunos
+
     x = torch.randn(3, 4)
     with pytest.raises(RuntimeError, match="dim 1 appears multiple times in the list of dims"):
         keraunos.jit(lambda a: a.sum((1, -1)))(x)
@@ -91,18 +140,37 @@ def test_reduction_dim_errors():
 @pytest.mark.parametrize("dtype", ALL)
 def test_amax_amin(dtype):
     x = _x(dtype)
-    check(lambda a: (a.amax(), torch.amax(a, 1), a.amin((0, 2), True), torch.amin(a, -1), a.amax(dim=(), keepdim=True)), x)
+    check(
+        lambda a: (
+            a.amax(),
+            torch.amax(a, 1),
+            a.amin((0, 2), True),
+            torch.amin(a, -1),
+            a.amax(dim=(), keepdim=True),
+        ),
+        x,
+    )
 
 
 @pytest.mark.parametrize("dtype", ALL)
 def test_max_min(dtype):
     x = _x(dtype, (4, 6))
-    check(lambda a: (torch.max(a), a.min(), torch.max(a, 1), torch.min(a, dim=0, keepdim=True), a.max(-1, True),
-                     a.min(dim=1)), x)
+    check(
+        lambda a: (
+            torch.max(a),
+            a.min(),
+            torch.max(a, 1),
+            torch.min(a, dim=0, keepdim=True),
+            a.max(-1, True),
+            a.min(dim=1),
+        ),
+        x,
+    )
 
 
 def test_max_returns_structseq():
     import keraunos
+
     x = torch.randn(3, 4)
 
     def f(a):
@@ -129,13 +197,20 @@ def test_max_nan():
 
 def test_extremum_errors():
     import keraunos
+
     e = torch.empty(0, 3)
     check(lambda a: a.max(), e)
-    with pytest.raises(RuntimeError, match="Expected reduction dim to be specified for input.numel\\(\\) == 0"):
+    with pytest.raises(
+        RuntimeError, match="Expected reduction dim to be specified for input.numel\\(\\) == 0"
+    ):
         keraunos.jit(lambda a: a.max())(e)
-    with pytest.raises((IndexError, ValueError), match="Expected reduction dim 0 to have non-zero size"):
+    with pytest.raises(
+        (IndexError, ValueError), match="Expected reduction dim 0 to have non-zero size"
+    ):
         keraunos.jit(lambda a: torch.max(a, 0))(e)
-    with pytest.raises((IndexError, ValueError), match="amax\\(\\): Expected reduction dim 0 to have non-zero size"):
+    with pytest.raises(
+        (IndexError, ValueError), match="amax\\(\\): Expected reduction dim 0 to have non-zero size"
+    ):
         keraunos.jit(lambda a: a.amax(0))(e)
     check(lambda a: (torch.max(a, 1), a.amax(1)), e)
 
@@ -146,13 +221,23 @@ def test_extremum_errors():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.uint8])
 def test_argmax_argmin(dtype):
     x = _x(dtype, (4, 5))
-    check(lambda a: (a.argmax(), torch.argmin(a), a.argmax(1), torch.argmin(a, -1, True), a.argmax(keepdim=True),
-                     a.argmin(dim=0)), x)
+    check(
+        lambda a: (
+            a.argmax(),
+            torch.argmin(a),
+            a.argmax(1),
+            torch.argmin(a, -1, True),
+            a.argmax(keepdim=True),
+            a.argmin(dim=0),
+        ),
+        x,
+    )
     check(lambda a: (a.argmax(), a.argmax(0), a.argmin(-1, keepdim=True)), torch.tensor(3.0))
 
 
 def test_argmax_errors():
     import keraunos
+
     check(lambda a: a.argmax(), torch.tensor([True, False]))
     with pytest.raises(RuntimeError, match="not implemented for 'Bool'"):
         keraunos.jit(lambda a: a.argmax())(torch.tensor([True, False]))
@@ -166,13 +251,25 @@ def test_argmax_errors():
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_var_std(dtype):
     x = _x(dtype)
-    check(lambda a: (a.var(), torch.var(a, 1), torch.var(a, 1, unbiased=False), a.std(-1, True), torch.std(a, False),
-                     a.var(dim=(0, 2), correction=0, keepdim=True), torch.std(a, 1, True, True), a.var(correction=2),
-                     torch.std(a, dim=None, correction=3)), x)
+    check(
+        lambda a: (
+            a.var(),
+            torch.var(a, 1),
+            torch.var(a, 1, unbiased=False),
+            a.std(-1, True),
+            torch.std(a, False),
+            a.var(dim=(0, 2), correction=0, keepdim=True),
+            torch.std(a, 1, True, True),
+            a.var(correction=2),
+            torch.std(a, dim=None, correction=3),
+        ),
+        x,
+    )
 
 
 def test_var_std_errors_and_edge_cases():
     import keraunos
+
     check(lambda a: a.var(), torch.arange(5))
     with pytest.raises(RuntimeError, match="std and var only support floating point"):
         keraunos.jit(lambda a: a.std())(torch.arange(5))
@@ -187,8 +284,18 @@ def test_var_std_errors_and_edge_cases():
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_softmax(dtype):
     x = _x(dtype) * 4
-    check(lambda a: (a.softmax(-1), torch.softmax(a, 1), F.softmax(a, 0), F.log_softmax(a, -1), a.log_softmax(dim=1),
-                     torch.log_softmax(a, 2, dtype=torch.float64), F.softmax(a, dim=-1, dtype=torch.float32)), x)
+    check(
+        lambda a: (
+            a.softmax(-1),
+            torch.softmax(a, 1),
+            F.softmax(a, 0),
+            F.log_softmax(a, -1),
+            a.log_softmax(dim=1),
+            torch.log_softmax(a, 2, dtype=torch.float64),
+            F.softmax(a, dim=-1, dtype=torch.float32),
+        ),
+        x,
+    )
 
 
 def test_softmax_implicit_dim():
@@ -207,18 +314,24 @@ def test_softmax_edge_cases():
 
 def test_softmax_int_error():
     import keraunos
+
     x = torch.arange(6).reshape(2, 3)
     check(lambda a: a.softmax(-1), x)
     with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
         keraunos.jit(lambda a: a.softmax(-1))(x)
-    check(lambda a: (a.softmax(-1, dtype=torch.float32), F.log_softmax(a, 0, dtype=torch.float64)), x)
+    check(
+        lambda a: (a.softmax(-1, dtype=torch.float32), F.log_softmax(a, 0, dtype=torch.float64)), x
+    )
 
 
 @pytest.mark.parametrize("dtype", FLOATS + [torch.int64])
 def test_logsumexp(dtype):
     x = _x(dtype)
-    check(lambda a: (torch.logsumexp(a, 1), a.logsumexp((0, 2), True), torch.logsumexp(a, dim=-1)), x,
-          **({"atol": 1e-6, "rtol": 1e-6} if dtype == torch.int64 else {}))
+    check(
+        lambda a: (torch.logsumexp(a, 1), a.logsumexp((0, 2), True), torch.logsumexp(a, dim=-1)),
+        x,
+        **({"atol": 1e-6, "rtol": 1e-6} if dtype == torch.int64 else {}),
+    )
     check(lambda a: a.logsumexp(0), torch.tensor([float("-inf"), float("-inf")]))
 
 
@@ -243,15 +356,45 @@ def test_cumsum_inplace_and_zero_dim():
 def test_decompositions(dtype):
     x = _x(dtype, (4, 6)) * 3
     tol = _tol(dtype)
-    check_prims(lambda a: (a.sum(1), a.mean(0, True), a.amax(1), a.amin(), a.prod(1), a.var(1), a.std(0, keepdim=True),
-                           a.softmax(-1), a.log_softmax(0), torch.logsumexp(a, 1), torch.max(a, 1), torch.min(a),
-                           a.argmax(), a.argmin(0, True), a.cumsum(1)), x, atol=tol * 10, rtol=tol)
+    check_prims(
+        lambda a: (
+            a.sum(1),
+            a.mean(0, True),
+            a.amax(1),
+            a.amin(),
+            a.prod(1),
+            a.var(1),
+            a.std(0, keepdim=True),
+            a.softmax(-1),
+            a.log_softmax(0),
+            torch.logsumexp(a, 1),
+            torch.max(a, 1),
+            torch.min(a),
+            a.argmax(),
+            a.argmin(0, True),
+            a.cumsum(1),
+        ),
+        x,
+        atol=tol * 10,
+        rtol=tol,
+    )
 
 
 def test_decompositions_int_and_bool():
     x = _x(torch.int32, (3, 5))
-    check_prims(lambda a: (a.sum(1), a.prod(0), a.cumsum(1), a.amax(0), torch.max(a, 1), a.argmax(),
-                           a.sum(dtype=torch.float32), torch.logsumexp(a, 1)), x)
+    check_prims(
+        lambda a: (
+            a.sum(1),
+            a.prod(0),
+            a.cumsum(1),
+            a.amax(0),
+            torch.max(a, 1),
+            a.argmax(),
+            a.sum(dtype=torch.float32),
+            torch.logsumexp(a, 1),
+        ),
+        x,
+    )
     b = _x(torch.bool, (3, 5))
     check_prims(lambda a: (a.sum(1), torch.max(a, 1), a.amin(0), a.cumsum(0)), b)
 
@@ -259,7 +402,9 @@ def test_decompositions_int_and_bool():
 def test_decompositions_edge_cases():
     x = torch.tensor([[float("-inf"), 0.0, 1.0], [1000.0, 1000.0, -1000.0]])
     check_prims(lambda a: (a.softmax(-1), a.log_softmax(-1), torch.logsumexp(a, 1)), x)
-    check_prims(lambda a: (a.sum(0), a.softmax(0), a.argmax(), a.var(), torch.max(a, 0)), torch.tensor(1.5))
+    check_prims(
+        lambda a: (a.sum(0), a.softmax(0), a.argmax(), a.var(), torch.max(a, 0)), torch.tensor(1.5)
+    )
 
 
 def test_out_kwarg():

@@ -1,8 +1,7 @@
+import keraunos
 import pytest
 import torch
 from harness import check, check_prims
-
-import keraunos
 
 
 def _x(*shape, dtype=torch.float32):
@@ -99,8 +98,10 @@ def test_views(name, layout):
     check_meta(VIEW_FNS[name], x)
 
 
-@pytest.mark.parametrize("name", ["chunk", "chunk_uneven", "split", "split_list", "unbind", "unbind1",
-                                  "split_kw", "chunk_more"])
+@pytest.mark.parametrize(
+    "name",
+    ["chunk", "chunk_uneven", "split", "split_list", "unbind", "unbind1", "split_kw", "chunk_more"],
+)
 @pytest.mark.parametrize("layout", ["contig", "transposed", "sliced"])
 def test_multi_output_views(name, layout):
     x = _layouts()[layout]
@@ -124,10 +125,14 @@ def test_iterate_proxy():
     check(lambda a: [r * 2 for r in a], torch.randn(3, 4))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int64, torch.bool, torch.float64])
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.int64, torch.bool, torch.float64]
+)
 def test_views_dtypes(dtype):
     x = _x(4, 6, dtype=dtype)
-    check_meta(lambda a: (a.view(-1), a.t().reshape(-1), a[1:, None, ::3], a.permute(1, 0).unsqueeze(0)), x)
+    check_meta(
+        lambda a: (a.view(-1), a.t().reshape(-1), a[1:, None, ::3], a.permute(1, 0).unsqueeze(0)), x
+    )
 
 
 def test_view_aliases_input_and_write_through():
@@ -191,11 +196,39 @@ def test_flatten_edge_cases():
 
 def test_zero_d_and_empty():
     s = torch.tensor(2.5)
-    check_meta(lambda a: (a.view(1), a.reshape(1, 1), a.unsqueeze(0), a.squeeze(), a.squeeze(0), a.expand(3, 2),
-                           a.t(), a.view(()), a[None], a[...], a.permute(()), a.transpose(0, -1), a.flatten()), s)
+    check_meta(
+        lambda a: (
+            a.view(1),
+            a.reshape(1, 1),
+            a.unsqueeze(0),
+            a.squeeze(),
+            a.squeeze(0),
+            a.expand(3, 2),
+            a.t(),
+            a.view(()),
+            a[None],
+            a[...],
+            a.permute(()),
+            a.transpose(0, -1),
+            a.flatten(),
+        ),
+        s,
+    )
     e = torch.randn(0, 3)
-    check_meta(lambda a: (a.view(-1), a.view(3, 0), a.reshape(0, 5, 0), a.t(), a[1:], a.unsqueeze(2), a.split(2, 1),
-                          a.chunk(3, 0), a.expand(2, 0, 3)), e)
+    check_meta(
+        lambda a: (
+            a.view(-1),
+            a.view(3, 0),
+            a.reshape(0, 5, 0),
+            a.t(),
+            a[1:],
+            a.unsqueeze(2),
+            a.split(2, 1),
+            a.chunk(3, 0),
+            a.expand(2, 0, 3),
+        ),
+        e,
+    )
     check_meta(lambda a: a.t().reshape(3, 0), e)
 
 
@@ -205,11 +238,22 @@ def test_zero_d_and_empty():
 def test_view_errors():
     x = torch.randn(3, 4)
     _jit_raises(lambda a: a.t().view(-1), x, exc=RuntimeError, match="view size is not compatible")
-    _jit_raises(lambda a: a.view(5, -1), x, exc=RuntimeError, match=r"shape '\[5, -1\]' is invalid for input of size 12")
-    _jit_raises(lambda a: a.view(-1, -1), x, exc=RuntimeError, match="only one dimension can be inferred")
+    _jit_raises(
+        lambda a: a.view(5, -1),
+        x,
+        exc=RuntimeError,
+        match=r"shape '\[5, -1\]' is invalid for input of size 12",
+    )
+    _jit_raises(
+        lambda a: a.view(-1, -1), x, exc=RuntimeError, match="only one dimension can be inferred"
+    )
     _jit_raises(lambda a: a.reshape(-2, 6), x, exc=RuntimeError, match="invalid shape dimension -2")
-    _jit_raises(lambda a: a[:0].view(-1, 0), x, exc=RuntimeError,
-                match="cannot reshape tensor of 0 elements")
+    _jit_raises(
+        lambda a: a[:0].view(-1, 0),
+        x,
+        exc=RuntimeError,
+        match="cannot reshape tensor of 0 elements",
+    )
     with pytest.raises(NotImplementedError, match=r"view\(dtype\)"):
         keraunos.jit(lambda a: a.view(torch.int32))(x)
 
@@ -217,24 +261,69 @@ def test_view_errors():
 def test_shape_op_errors():
     x = torch.randn(3, 4)
     _jit_raises(lambda a: a.expand(2), x, exc=RuntimeError, match="the number of sizes provided")
-    _jit_raises(lambda a: a.expand(2, 5, 4), x, exc=RuntimeError, match=r"expanded size of the tensor \(5\) must match")
-    _jit_raises(lambda a: a.expand(-1, 3, 4), x, exc=RuntimeError, match="leading, non-existing dimension 0")
-    _jit_raises(lambda a: a.permute(0), x, exc=RuntimeError, match="number of dimensions in the tensor input")
+    _jit_raises(
+        lambda a: a.expand(2, 5, 4),
+        x,
+        exc=RuntimeError,
+        match=r"expanded size of the tensor \(5\) must match",
+    )
+    _jit_raises(
+        lambda a: a.expand(-1, 3, 4), x, exc=RuntimeError, match="leading, non-existing dimension 0"
+    )
+    _jit_raises(
+        lambda a: a.permute(0),
+        x,
+        exc=RuntimeError,
+        match="number of dimensions in the tensor input",
+    )
     _jit_raises(lambda a: a.permute(0, -2), x, exc=RuntimeError, match="duplicate dims")
-    _jit_raises(lambda a: a.unsqueeze(0).t(), x, exc=RuntimeError, match=r"t\(\) expects a tensor with <= 2 dimensions")
+    _jit_raises(
+        lambda a: a.unsqueeze(0).t(),
+        x,
+        exc=RuntimeError,
+        match=r"t\(\) expects a tensor with <= 2 dimensions",
+    )
     _jit_raises(lambda a: a.narrow(0, 4, 1), x, exc=IndexError, match="start out of range")
-    _jit_raises(lambda a: a.narrow(0, 2, 2), x, exc=RuntimeError, match=r"start \(2\) \+ length \(2\) exceeds")
-    _jit_raises(lambda a: a.diagonal(0, 1, 1), x, exc=RuntimeError, match="diagonal dimensions cannot be identical")
-    _jit_raises(lambda a: a.chunk(0), x, exc=RuntimeError, match="chunk expects `chunks` to be greater than 0")
-    _jit_raises(lambda a: a.split(-1), x, exc=RuntimeError, match="split expects split_size be non-negative")
-    _jit_raises(lambda a: a.split([1, 1]), x, exc=RuntimeError, match="split_with_sizes expects split_sizes to sum")
+    _jit_raises(
+        lambda a: a.narrow(0, 2, 2),
+        x,
+        exc=RuntimeError,
+        match=r"start \(2\) \+ length \(2\) exceeds",
+    )
+    _jit_raises(
+        lambda a: a.diagonal(0, 1, 1),
+        x,
+        exc=RuntimeError,
+        match="diagonal dimensions cannot be identical",
+    )
+    _jit_raises(
+        lambda a: a.chunk(0),
+        x,
+        exc=RuntimeError,
+        match="chunk expects `chunks` to be greater than 0",
+    )
+    _jit_raises(
+        lambda a: a.split(-1), x, exc=RuntimeError, match="split expects split_size be non-negative"
+    )
+    _jit_raises(
+        lambda a: a.split([1, 1]),
+        x,
+        exc=RuntimeError,
+        match="split_with_sizes expects split_sizes to sum",
+    )
     _jit_raises(lambda a: a.unflatten(0, (2, 2)), x, exc=RuntimeError, match="don't multiply up")
-    _jit_raises(lambda a: a.flatten(1, 0), x, exc=RuntimeError, match="start_dim cannot come after end_dim")
-    _jit_raises(lambda a: a.movedim((0, 1), (0,)), x, exc=RuntimeError, match="movedim: Invalid source")
+    _jit_raises(
+        lambda a: a.flatten(1, 0), x, exc=RuntimeError, match="start_dim cannot come after end_dim"
+    )
+    _jit_raises(
+        lambda a: a.movedim((0, 1), (0,)), x, exc=RuntimeError, match="movedim: Invalid source"
+    )
     _jit_raises(lambda a: a.squeeze(5), x, exc=IndexError, match="Dimension out of range")
     _jit_raises(lambda a: a.unsqueeze(3), x, exc=IndexError, match="Dimension out of range")
     _jit_raises(lambda a: a.transpose(0, 2), x, exc=IndexError, match="Dimension out of range")
-    _jit_raises(lambda a: a.select(0, 5), x, exc=IndexError, match="out of range for tensor of size")
+    _jit_raises(
+        lambda a: a.select(0, 5), x, exc=IndexError, match="out of range for tensor of size"
+    )
     _jit_raises(lambda a: a.unbind(2), x, exc=IndexError, match="Dimension out of range")
 
 
@@ -271,7 +360,9 @@ def test_getitem_basic(name, layout):
 
 def test_getitem_3d_and_0d():
     x = torch.randn(3, 4, 5)
-    check_meta(lambda a: (a[1, :, ::2], a[..., 1:3], a[:, None, 2], a[-1, -1, -1], a[None, ..., None]), x)
+    check_meta(
+        lambda a: (a[1, :, ::2], a[..., 1:3], a[:, None, 2], a[-1, -1, -1], a[None, ..., None]), x
+    )
     check_meta(lambda a: a.permute(2, 0, 1)[1:, 2], x)
     s = torch.tensor(1.5)
     check_meta(lambda a: (a[None], a[...], a[()], a[None, None, ...]), s)
@@ -279,20 +370,43 @@ def test_getitem_3d_and_0d():
 
 def test_getitem_errors():
     x = torch.randn(3, 4)
-    _jit_raises(lambda a: a[5], x, exc=IndexError, match="index 5 is out of bounds for dimension 0 with size 3")
-    _jit_raises(lambda a: a[:, -5], x, exc=IndexError, match="index -5 is out of bounds for dimension 1 with size 4")
-    _jit_raises(lambda a: a[0, 0, 0], x, exc=IndexError, match="too many indices for tensor of dimension 2")
+    _jit_raises(
+        lambda a: a[5],
+        x,
+        exc=IndexError,
+        match="index 5 is out of bounds for dimension 0 with size 3",
+    )
+    _jit_raises(
+        lambda a: a[:, -5],
+        x,
+        exc=IndexError,
+        match="index -5 is out of bounds for dimension 1 with size 4",
+    )
+    _jit_raises(
+        lambda a: a[0, 0, 0], x, exc=IndexError, match="too many indices for tensor of dimension 2"
+    )
     _jit_raises(lambda a: a[::-1], x, exc=ValueError, match="step must be greater than zero")
-    _jit_raises(lambda a: a[0, 0][0], x, exc=IndexError,
-                match="invalid index of a 0-dim tensor")
+    _jit_raises(lambda a: a[0, 0][0], x, exc=IndexError, match="invalid index of a 0-dim tensor")
     _jit_raises(lambda a: a[1.5], x, exc=IndexError, match="are valid indices")
     fi = torch.tensor([1.0])
     _jit_raises(lambda a: a[fi], x, exc=IndexError, match="tensors used as indices must be")
-    _jit_raises(lambda a, i, j: a[i, j], x, torch.tensor([0, 1]), torch.tensor([0, 1, 2]), exc=IndexError,
-                match="could not be broadcast together")
+    _jit_raises(
+        lambda a, i, j: a[i, j],
+        x,
+        torch.tensor([0, 1]),
+        torch.tensor([0, 1, 2]),
+        exc=IndexError,
+        match="could not be broadcast together",
+    )
     with pytest.raises(NotImplementedError, match="boolean mask indexing"):
         keraunos.jit(lambda a: a[a > 0])(x)
-    _jit_raises(lambda a, m: a[m], x, torch.ones(2, dtype=torch.bool), exc=IndexError, match="The shape of the mask")
+    _jit_raises(
+        lambda a, m: a[m],
+        x,
+        torch.ones(2, dtype=torch.bool),
+        exc=IndexError,
+        match="The shape of the mask",
+    )
 
 
 ADVANCED = {
@@ -427,17 +541,29 @@ def test_setitem_int_tensor_and_returns_none():
 
 def test_setitem_errors():
     x = torch.randn(3, 4)
-    _jit_raises(lambda a, v: a.__setitem__(slice(None), v), x, torch.ones(2), exc=RuntimeError,
-                match="must match the existing size")
+    _jit_raises(
+        lambda a, v: a.__setitem__(slice(None), v),
+        x,
+        torch.ones(2),
+        exc=RuntimeError,
+        match="must match the existing size",
+    )
     i01 = torch.tensor([0, 1])
-    _jit_raises(lambda a, v: a.__setitem__(i01, v), x, torch.ones(3), exc=RuntimeError,
-                match="shape mismatch: value tensor of shape")
+    _jit_raises(
+        lambda a, v: a.__setitem__(i01, v),
+        x,
+        torch.ones(3),
+        exc=RuntimeError,
+        match="shape mismatch: value tensor of shape",
+    )
     _jit_raises(lambda a: a.__setitem__(5, 1.0), x, exc=IndexError, match="out of bounds")
 
     def overlap(a):
         a.unsqueeze(0).expand(2, 3, 4)[:, 0] = 1.0
 
-    _jit_raises(overlap, x, exc=RuntimeError, match="more than one element of the written-to tensor")
+    _jit_raises(
+        overlap, x, exc=RuntimeError, match="more than one element of the written-to tensor"
+    )
 
 
 # --- masked_fill / index ops ---------------------------------------------------------------------
@@ -465,8 +591,15 @@ def test_masked_fill_broadcast_and_errors():
     x = torch.randn(3, 4)
     check(lambda a, m: a.masked_fill(m, 2.5), x, torch.rand(2, 1, 4) > 0.5)
     check(lambda a: a.long().masked_fill(a > 0, 2.5), x)
-    _jit_raises(lambda a: a.masked_fill(a, 1.0), x, exc=RuntimeError, match="only supports boolean masks")
-    _jit_raises(lambda a: a.masked_fill(a > 0, a[0]), x, exc=RuntimeError, match="0-dimensional value tensor")
+    _jit_raises(
+        lambda a: a.masked_fill(a, 1.0), x, exc=RuntimeError, match="only supports boolean masks"
+    )
+    _jit_raises(
+        lambda a: a.masked_fill(a > 0, a[0]),
+        x,
+        exc=RuntimeError,
+        match="0-dimensional value tensor",
+    )
     big = torch.ones(2, 3, 4, dtype=torch.bool)
     _jit_raises(lambda a: a.masked_fill_(big, 1.0), x, exc=RuntimeError, match=None)
 
@@ -479,7 +612,9 @@ def test_index_put():
     check(lambda a, i, j: torch.index_put(a, (i, j), one), x, i, j)
     check(lambda a, i, j: a.index_put((i,), a[0] * 2), x, i, j)
     check(lambda a, i, j: a.index_put((i, j), a[0, :3], accumulate=True), x, i, j)
-    _jit_raises(lambda a, j: a.index_put_((None, j), a[:, :3]), x, j, exc=TypeError, match="NoneType")
+    _jit_raises(
+        lambda a, j: a.index_put_((None, j), a[:, :3]), x, j, exc=TypeError, match="NoneType"
+    )
 
     def inplace(a, i, j):
         a.index_put_((i, j), five, True)
@@ -487,10 +622,16 @@ def test_index_put():
 
     check(inplace, x, i, j)
     check_prims(lambda a, i, j: a.index_put((i, j), a[0, :3], accumulate=True), x, i, j)
-    _jit_raises(lambda a, i: a.index_put((i,), one64), x, i, exc=RuntimeError,
-                match="Index put requires the source and destination dtypes match")
-    _jit_raises(lambda a, i: a.index_put((i, i, i), one), x, i, exc=IndexError,
-                match="too many indices")
+    _jit_raises(
+        lambda a, i: a.index_put((i,), one64),
+        x,
+        i,
+        exc=RuntimeError,
+        match="Index put requires the source and destination dtypes match",
+    )
+    _jit_raises(
+        lambda a, i: a.index_put((i, i, i), one), x, i, exc=IndexError, match="too many indices"
+    )
 
 
 def test_index_copy_and_select():
@@ -504,17 +645,49 @@ def test_index_copy_and_select():
 
     check(inplace, x, idx, torch.randn(4, 2))
     check_prims(lambda a, i, s: a.index_copy(0, i, s), x, idx, torch.randn(2, 5))
-    _jit_raises(lambda a, i: a.index_copy(0, i.int(), a[:2]), x, idx, exc=RuntimeError,
-                match="Expected a long tensor for index")
-    _jit_raises(lambda a, i: a.index_copy(0, i, a[:1]), x, idx, exc=IndexError, match="Number of indices")
-    _jit_raises(lambda a, i: a.index_copy(0, i, a[:2].double()), x, idx, exc=RuntimeError,
-                match="self and source expected to have the same dtype")
+    _jit_raises(
+        lambda a, i: a.index_copy(0, i.int(), a[:2]),
+        x,
+        idx,
+        exc=RuntimeError,
+        match="Expected a long tensor for index",
+    )
+    _jit_raises(
+        lambda a, i: a.index_copy(0, i, a[:1]), x, idx, exc=IndexError, match="Number of indices"
+    )
+    _jit_raises(
+        lambda a, i: a.index_copy(0, i, a[:2].double()),
+        x,
+        idx,
+        exc=RuntimeError,
+        match="self and source expected to have the same dtype",
+    )
 
-    check(lambda a, i: (a.index_select(0, i), torch.index_select(a, 1, i.int()), a.index_select(-1, i[0])), x, idx)
+    check(
+        lambda a, i: (
+            a.index_select(0, i),
+            torch.index_select(a, 1, i.int()),
+            a.index_select(-1, i[0]),
+        ),
+        x,
+        idx,
+    )
     check(lambda a, i: a.t().index_select(0, i), x, idx)
     check_prims(lambda a, i: a.index_select(1, i), x, idx)
-    _jit_raises(lambda a, i: a.index_select(0, i.view(1, 2)), x, idx, exc=IndexError, match="supposed to be a vector")
-    _jit_raises(lambda a, i: a.index_select(0, i.float()), x, idx, exc=RuntimeError, match="Expected dtype int32 or int64")
+    _jit_raises(
+        lambda a, i: a.index_select(0, i.view(1, 2)),
+        x,
+        idx,
+        exc=IndexError,
+        match="supposed to be a vector",
+    )
+    _jit_raises(
+        lambda a, i: a.index_select(0, i.float()),
+        x,
+        idx,
+        exc=RuntimeError,
+        match="Expected dtype int32 or int64",
+    )
 
 
 # --- cat / stack ----------------------------------------------------------------------------------
@@ -532,11 +705,23 @@ def test_cat():
     check(lambda a, b: torch.cat([a, e0]), a, b)  # legacy: 1-D empty tensors are skipped
     check(lambda a, b: torch.concat([a], 1), a, b)
     check_prims(lambda a, b: torch.cat([a, b.double()]), a, b)
-    _jit_raises(lambda a, b: torch.cat([a, b], 1), a, b, exc=RuntimeError, match="Sizes of tensors must match")
-    _jit_raises(lambda a, b: torch.cat([a, b[0]]), a, b, exc=RuntimeError, match="same number of dimensions")
-    _jit_raises(lambda a, b: torch.cat([a[0, 0]]), a, b, exc=RuntimeError, match="zero-dimensional tensor")
+    _jit_raises(
+        lambda a, b: torch.cat([a, b], 1),
+        a,
+        b,
+        exc=RuntimeError,
+        match="Sizes of tensors must match",
+    )
+    _jit_raises(
+        lambda a, b: torch.cat([a, b[0]]), a, b, exc=RuntimeError, match="same number of dimensions"
+    )
+    _jit_raises(
+        lambda a, b: torch.cat([a[0, 0]]), a, b, exc=RuntimeError, match="zero-dimensional tensor"
+    )
     _jit_raises(lambda a, b: torch.cat([]), a, b, exc=ValueError, match="expected a non-empty list")
-    _jit_raises(lambda a, b: torch.cat([a, a], 2), a, b, exc=IndexError, match="Dimension out of range")
+    _jit_raises(
+        lambda a, b: torch.cat([a, a], 2), a, b, exc=IndexError, match="Dimension out of range"
+    )
 
 
 def test_stack():
@@ -546,8 +731,20 @@ def test_stack():
     check(lambda a, b: torch.stack((a, b.double()), dim=-1), a, b)
     check(lambda a, b: torch.stack([a[0, 0], b[1, 1]]), a, b)
     check_prims(lambda a, b: torch.stack([a, b.t().t()], 2), a, b)
-    _jit_raises(lambda a, b: torch.stack([a, b[0]]), a, b, exc=RuntimeError, match="stack expects each tensor to be equal size")
-    _jit_raises(lambda a, b: torch.stack([]), a, b, exc=RuntimeError, match="stack expects a non-empty TensorList")
+    _jit_raises(
+        lambda a, b: torch.stack([a, b[0]]),
+        a,
+        b,
+        exc=RuntimeError,
+        match="stack expects each tensor to be equal size",
+    )
+    _jit_raises(
+        lambda a, b: torch.stack([]),
+        a,
+        b,
+        exc=RuntimeError,
+        match="stack expects a non-empty TensorList",
+    )
 
 
 def test_trace_records_views_without_subsymbols():
@@ -578,12 +775,19 @@ def test_copy_results_meta(name, layout):
     """Results that are copies are dense like eager's (so views of them agree too)."""
     x = _layouts()[layout]
     check_meta(COPY_META[name], x, torch.tensor([0, 2]), torch.rand(4, 6) > 0.5)
-    check_meta(lambda a, i, m: COPY_META[name](a, i, m).view(-1), x, torch.tensor([0, 2]), torch.rand(4, 6) > 0.5)
+    check_meta(
+        lambda a, i, m: COPY_META[name](a, i, m).view(-1),
+        x,
+        torch.tensor([0, 2]),
+        torch.rand(4, 6) > 0.5,
+    )
 
 
 def test_as_variants_and_globals():
     x, y = torch.randn(2, 6), torch.randn(3, 4)
-    check_meta(lambda a, b: (a.view_as(b), a.reshape_as(b), a[:1].expand_as(a), b.t().reshape_as(a)), x, y)
+    check_meta(
+        lambda a, b: (a.view_as(b), a.reshape_as(b), a[:1].expand_as(a), b.t().reshape_as(a)), x, y
+    )
     g = torch.randn(5, 3)
 
     def f(i):

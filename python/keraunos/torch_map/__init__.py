@@ -62,7 +62,9 @@ def register(funcs, op: str, normalize: Callable | None = None, out_ok: bool = T
 
 def write_out(out, result, display):
     if isinstance(result, tuple):
-        raise NotImplementedError(f"keraunos: {display}(out=...) with several outputs is not supported")
+        raise NotImplementedError(
+            f"keraunos: {display}(out=...) with several outputs is not supported"
+        )
     if tuple(out.shape) != tuple(result.shape):
         raise NotImplementedError(
             f"keraunos: {display}(out=...) would resize the out tensor from {list(out.shape)} to "

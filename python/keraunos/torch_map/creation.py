@@ -45,9 +45,13 @@ def _common(name, kwargs, *, like=False):
     requires_grad = kwargs.pop("requires_grad", False)
     layout = kwargs.pop("layout", None)
     if layout is not None and layout is not torch.strided:
-        raise NotImplementedError(f"keraunos: torch.{name}(layout={layout}) is not supported (at {where()})")
+        raise NotImplementedError(
+            f"keraunos: torch.{name}(layout={layout}) is not supported (at {where()})"
+        )
     if kwargs.pop("pin_memory", False):
-        raise NotImplementedError(f"keraunos: torch.{name}(pin_memory=True) is not supported (at {where()})")
+        raise NotImplementedError(
+            f"keraunos: torch.{name}(pin_memory=True) is not supported (at {where()})"
+        )
     if "generator" in kwargs:
         if kwargs.pop("generator") is not None:
             raise NotImplementedError(
@@ -101,7 +105,9 @@ def _full(*args, **kwargs):
     if args:
         raise TypeError(f"full() takes 2 positional arguments but {len(args) + 2} were given")
     if isinstance(fill_value, torch.Tensor) or hasattr(fill_value, "_p"):
-        raise NotImplementedError(f"keraunos: torch.full with a tensor fill_value is not supported yet (at {where()})")
+        raise NotImplementedError(
+            f"keraunos: torch.full with a tensor fill_value is not supported yet (at {where()})"
+        )
     dtype, device, rg = _common("full", kwargs)
     return (size, fill_value), {"dtype": dtype, "device": _device(device), "requires_grad": rg}
 
@@ -121,7 +127,9 @@ def _arange(*args, **kwargs):
     elif len(args) == 3:
         start, end, step = args
     elif len(args) > 3:
-        raise TypeError(f"arange() takes from 1 to 3 positional arguments but {len(args)} were given")
+        raise TypeError(
+            f"arange() takes from 1 to 3 positional arguments but {len(args)} were given"
+        )
     if end is None:
         raise TypeError("arange() missing required argument 'end'")
     if start is None:
@@ -140,7 +148,9 @@ def _like(name, nvalues):
         if nvalues and not values and "fill_value" in kwargs:
             values = [kwargs.pop("fill_value")]
         if len(values) != nvalues:
-            raise TypeError(f"{name}() takes {1 + nvalues} positional arguments but {1 + len(values)} were given")
+            raise TypeError(
+                f"{name}() takes {1 + nvalues} positional arguments but {1 + len(values)} were given"
+            )
         dtype, device, rg = _common(name, kwargs, like=True)
         kw = {"dtype": dtype, "requires_grad": rg}
         if device is not None:
@@ -169,7 +179,9 @@ def _new(name, op, nvalues):
                 size = args.pop(0) if args else kwargs.pop("size")
                 value = kwargs.pop("fill_value")
             if args:
-                raise TypeError(f"{name}() takes 3 positional arguments but {len(args) + 3} were given")
+                raise TypeError(
+                    f"{name}() takes 3 positional arguments but {len(args) + 3} were given"
+                )
             size = tuple(size) if isinstance(size, (tuple, list, torch.Size)) else (size,)
             extra = (value,)
         else:
@@ -231,7 +243,9 @@ def _tensor(tr, args, kwargs):
             f"keraunos: torch.tensor() of traced tensors is not supported; use torch.stack (at {where()})"
         )
     if kwargs.get("requires_grad"):
-        raise NotImplementedError(f"keraunos: torch.tensor(requires_grad=True) is not supported (at {where()})")
+        raise NotImplementedError(
+            f"keraunos: torch.tensor(requires_grad=True) is not supported (at {where()})"
+        )
     with torch._C.DisableTorchFunction():
         t = torch.tensor(*args, **kwargs)
     return record("clone", "torch.tensor", (tr.lift(t),), {})

@@ -9,15 +9,64 @@ F = torch.nn.functional
 T = torch.Tensor
 
 _UNARY = [
-    "abs", "neg", "exp", "exp2", "log", "log2", "log1p", "expm1", "sin", "cos", "tan", "tanh",
-    "sigmoid", "sqrt", "rsqrt", "erf", "reciprocal", "floor", "ceil", "round", "trunc", "sign",
-    "isnan", "isinf", "isfinite", "logical_not", "bitwise_not", "relu", "nan_to_num", "clamp",
-    "lerp", "addcmul", "addcdiv", "where",
+    "abs",
+    "neg",
+    "exp",
+    "exp2",
+    "log",
+    "log2",
+    "log1p",
+    "expm1",
+    "sin",
+    "cos",
+    "tan",
+    "tanh",
+    "sigmoid",
+    "sqrt",
+    "rsqrt",
+    "erf",
+    "reciprocal",
+    "floor",
+    "ceil",
+    "round",
+    "trunc",
+    "sign",
+    "isnan",
+    "isinf",
+    "isfinite",
+    "logical_not",
+    "bitwise_not",
+    "relu",
+    "nan_to_num",
+    "clamp",
+    "lerp",
+    "addcmul",
+    "addcdiv",
+    "where",
 ]
 _BINARY = [
-    "add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum",
-    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and",
-    "bitwise_or", "bitwise_xor",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "floor_divide",
+    "remainder",
+    "fmod",
+    "pow",
+    "maximum",
+    "minimum",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
 ]
 _NO_INPLACE = {"isnan", "isinf", "isfinite", "maximum", "minimum", "where"}
 
@@ -129,9 +178,13 @@ register([F.elu_], "elu_")
 register([F.hardtanh_], "hardtanh_")
 register(F.gelu, "gelu")
 register(F.softplus, "softplus")
-register([torch.nn.functional.dropout], "dropout",
-         lambda a, p=0.5, training=True, inplace=False: ((a, p, training), {}) if not inplace
-         else _no_inplace_dropout())
+register(
+    [torch.nn.functional.dropout],
+    "dropout",
+    lambda a, p=0.5, training=True, inplace=False: (
+        ((a, p, training), {}) if not inplace else _no_inplace_dropout()
+    ),
+)
 register([torch.dropout], "dropout", lambda a, p, train: ((a, p, train), {}))
 
 
@@ -147,6 +200,7 @@ def _clone(a, memory_format=torch.preserve_format):
 
 register([torch.clone, T.clone], "clone", _clone, out_ok=False)
 
+
 # Casts.
 def _to(a, *args, **kwargs):
     """Tensor.to(dtype) / to(device) / to(device, dtype) / to(other) / to(dtype=, device=)."""
@@ -159,7 +213,12 @@ def _to(a, *args, **kwargs):
     if kwargs:
         raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
     rest = list(args)
-    if rest and hasattr(rest[0], "dtype") and hasattr(rest[0], "device") and not isinstance(rest[0], torch.dtype):
+    if (
+        rest
+        and hasattr(rest[0], "dtype")
+        and hasattr(rest[0], "device")
+        and not isinstance(rest[0], torch.dtype)
+    ):
         other = rest.pop(0)
         device, dtype = other.device, other.dtype
     while rest:
@@ -177,18 +236,30 @@ def _to(a, *args, **kwargs):
 
 register(T.to, "to", _to, out_ok=False)
 register(T.type_as, "to", lambda a, other: ((a,), {"dtype": other.dtype}), out_ok=False)
-for _name, _dt in [("float", torch.float32), ("double", torch.float64), ("half", torch.float16),
-                   ("bfloat16", torch.bfloat16), ("long", torch.int64), ("int", torch.int32),
-                   ("short", torch.int16), ("char", torch.int8), ("byte", torch.uint8),
-                   ("bool", torch.bool)]:
+for _name, _dt in [
+    ("float", torch.float32),
+    ("double", torch.float64),
+    ("half", torch.float16),
+    ("bfloat16", torch.bfloat16),
+    ("long", torch.int64),
+    ("int", torch.int32),
+    ("short", torch.int16),
+    ("char", torch.int8),
+    ("byte", torch.uint8),
+    ("bool", torch.bool),
+]:
     register(getattr(T, _name), "to", lambda a, _d=_dt: ((a,), {"dtype": _d}), out_ok=False)
 
 
 def _type(a, dtype=None, non_blocking=False, **kw):
     if dtype is None:
-        raise NotImplementedError("keraunos: Tensor.type() without a dtype returns a string; not supported")
+        raise NotImplementedError(
+            "keraunos: Tensor.type() without a dtype returns a string; not supported"
+        )
     if isinstance(dtype, str):
-        raise NotImplementedError("keraunos: Tensor.type('...') with a type string is not supported")
+        raise NotImplementedError(
+            "keraunos: Tensor.type('...') with a type string is not supported"
+        )
     return (a,), {"dtype": dtype}
 
 

@@ -21,10 +21,21 @@ if hasattr(F, "rms_norm"):
 def _batch_norm(tr, args, kwargs):
     """F.batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
     momentum=0.1, eps=1e-5): with running stats in training mode the op also updates them."""
-    names = ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]
+    names = [
+        "input",
+        "running_mean",
+        "running_var",
+        "weight",
+        "bias",
+        "training",
+        "momentum",
+        "eps",
+    ]
     defaults = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
     if len(args) > len(names):
-        raise TypeError(f"batch_norm() takes {len(names)} positional arguments but {len(args)} were given")
+        raise TypeError(
+            f"batch_norm() takes {len(names)} positional arguments but {len(args)} were given"
+        )
     bound = dict(zip(names, args))
     for k, v in kwargs.items():
         if k not in names:
@@ -39,7 +50,9 @@ def _batch_norm(tr, args, kwargs):
             bound[k] = defaults[k]
     if bound["momentum"] is None:
         bound["momentum"] = 0.0  # eager passes momentum=0.0 through when None reaches F.batch_norm
-    update = bound["training"] and bound["running_mean"] is not None and bound["running_var"] is not None
+    update = (
+        bound["training"] and bound["running_mean"] is not None and bound["running_var"] is not None
+    )
     if bound["training"] and (bound["running_mean"] is None) != (bound["running_var"] is None):
         raise NotImplementedError(
             "keraunos: F.batch_norm in training mode with only one of running_mean/running_var "
@@ -52,8 +65,15 @@ def _batch_norm(tr, args, kwargs):
 register_handler(F.batch_norm, _batch_norm)
 
 
-def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
-               scale_grad_by_freq=False, sparse=False):
+def _embedding(
+    input,
+    weight,
+    padding_idx=None,
+    max_norm=None,
+    norm_type=2.0,
+    scale_grad_by_freq=False,
+    sparse=False,
+):
     if max_norm is not None:
         raise NotImplementedError(
             "keraunos: F.embedding(max_norm=...) renormalizes the weight in place; not supported yet"
@@ -71,12 +91,22 @@ def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
 register(F.embedding, "embedding", _embedding, out_ok=False)
 
 
-def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
-                   reduction="mean", label_smoothing=0.0):
+def _cross_entropy(
+    input,
+    target,
+    weight=None,
+    size_average=None,
+    ignore_index=-100,
+    reduce=None,
+    reduction="mean",
+    label_smoothing=0.0,
+):
     if size_average is not None or reduce is not None:
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
     return (input, target, weight), {
-        "ignore_index": ignore_index, "reduction": reduction, "label_smoothing": label_smoothing,
+        "ignore_index": ignore_index,
+        "reduction": reduction,
+        "label_smoothing": label_smoothing,
     }
 
 

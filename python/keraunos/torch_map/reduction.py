@@ -143,8 +143,11 @@ register([torch.logsumexp, T.logsumexp, torch.special.logsumexp], "logsumexp", _
 
 def _softmax_dim(ndim):
     # torch.nn.functional._get_softmax_dim
-    warnings.warn("Implicit dimension choice for softmax has been deprecated. "
-                  "Change the call to include dim=X as an argument.", stacklevel=4)
+    warnings.warn(
+        "Implicit dimension choice for softmax has been deprecated. "
+        "Change the call to include dim=X as an argument.",
+        stacklevel=4,
+    )
     return 0 if ndim in (0, 1, 3) else 1
 
 
@@ -162,7 +165,9 @@ def _softmax_like(op, fname):
         return (a, dim, dtype), {}
 
     register(getattr(F, fname), op, f_norm, out_ok=False)
-    register([getattr(torch, fname), getattr(T, fname), getattr(torch.special, fname, None)], op, t_norm)
+    register(
+        [getattr(torch, fname), getattr(T, fname), getattr(torch.special, fname, None)], op, t_norm
+    )
 
 
 _softmax_like("softmax", "softmax")

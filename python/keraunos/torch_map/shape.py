@@ -83,7 +83,11 @@ def _self(args, kwargs):
 
 
 def _view(a, *size, **kw):
-    if len(size) == 1 and isinstance(size[0], torch.dtype) or isinstance(kw.get("dtype"), torch.dtype):
+    if (
+        len(size) == 1
+        and isinstance(size[0], torch.dtype)
+        or isinstance(kw.get("dtype"), torch.dtype)
+    ):
         raise NotImplementedError(
             f"keraunos: Tensor.view(dtype) (reinterpreting the bits) is not supported yet (at {where()})"
         )
@@ -138,8 +142,12 @@ def _transpose(*args, **kw):
     return (a, *rest), {}
 
 
-_reg([torch.transpose, T.transpose, torch.swapaxes, T.swapaxes, torch.swapdims, T.swapdims],
-     "transpose", _transpose, out_ok=False)
+_reg(
+    [torch.transpose, T.transpose, torch.swapaxes, T.swapaxes, torch.swapdims, T.swapdims],
+    "transpose",
+    _transpose,
+    out_ok=False,
+)
 _reg([torch.t, T.t], "t", lambda *a, **k: ((_self(a, k)[0],), {}), out_ok=False)
 
 
@@ -185,7 +193,9 @@ def _plain(*args, **kw):
 def _narrow(*args, **kw):
     a, rest = _self(args, kw)
     if any(isinstance(x, (Proxy, torch.Tensor)) for x in list(rest) + list(kw.values())):
-        raise NotImplementedError(f"keraunos: narrow with a tensor start is not supported (at {where()})")
+        raise NotImplementedError(
+            f"keraunos: narrow with a tensor start is not supported (at {where()})"
+        )
     return (a, *rest), kw
 
 
@@ -271,7 +281,11 @@ def _normalize_index(a, idx):
     for it in items:
         if isinstance(it, (list, tuple)):
             it = _as_index_tensor(a, it)
-        elif not isinstance(it, (bool, int, slice, Proxy, torch.Tensor)) and it is not None and it is not Ellipsis:
+        elif (
+            not isinstance(it, (bool, int, slice, Proxy, torch.Tensor))
+            and it is not None
+            and it is not Ellipsis
+        ):
             if hasattr(it, "__index__") and not isinstance(it, float):
                 it = it.__index__()
             else:
