@@ -24,4 +24,4 @@ cmake --build "$root/build/cpp-tests"
 
 echo "[test] Python tests"
 cd "$root/tests/python"  # import the installed package, not the source tree
-python -m pytest -q -p no:cacheprovider "$@" "$root/tests/python"
+python -m pytest -q -p no:cacheprovider "$@" "$root/tests/python" "$root/tests/fuzz"
