@@ -9,8 +9,9 @@ import platform
 import statistics
 import time
 
-import keraunos
 import torch
+
+import keraunos
 
 
 def one_op(x):

@@ -4,8 +4,9 @@ Runs on the GPU when there is one (pass --device cpu to force the CPU)."""
 
 import argparse
 
-import keraunos
 import torch
+
+import keraunos
 
 
 def banner(title):

@@ -20,23 +20,33 @@ import torch
 
 # Input patterns: (source lines building `args`, names of the parameters).
 _INPUT_PATTERNS = [
-    (["a = torch.randn(4, 6)", "args = (a,)"], 1),
-    (["a = torch.randn(4, 6)", "b = torch.randn(6)", "args = (a, b)"], 2),
-    (["a = torch.randn(4, 6)", "args = (a, a)"], 2),  # the same tensor twice
-    (["base = torch.randn(4, 6)", "args = (base[:2], base[2:])"], 2),  # disjoint views
-    (["base = torch.randn(4, 6)", "args = (base[:3], base[1:])"], 2),  # overlapping views
-    (["base = torch.randn(4, 6)", "args = (base, base[1])"], 2),  # a base and its view
-    (["a = torch.randn(6, 4).t()", "b = torch.randn(4, 6)", "args = (a, b)"], 2),  # transposed
+    (["a = torch.randn(4, 6, device=dev)", "args = (a,)"], 1),
+    (["a = torch.randn(4, 6, device=dev)", "b = torch.randn(6, device=dev)", "args = (a, b)"], 2),
+    (["a = torch.randn(4, 6, device=dev)", "args = (a, a)"], 2),  # the same tensor twice
+    (["base = torch.randn(4, 6, device=dev)", "args = (base[:2], base[2:])"], 2),  # disjoint views
+    (
+        ["base = torch.randn(4, 6, device=dev)", "args = (base[:3], base[1:])"],
+        2,
+    ),  # overlapping views
+    (["base = torch.randn(4, 6, device=dev)", "args = (base, base[1])"], 2),  # a base and its view
     (
         [
-            "a = torch.randn(2, 3, 4)",
-            "b = torch.randn(4)",
-            "c = torch.randn(3, 4)",
+            "a = torch.randn(6, 4, device=dev).t()",
+            "b = torch.randn(4, 6, device=dev)",
+            "args = (a, b)",
+        ],
+        2,
+    ),  # transposed
+    (
+        [
+            "a = torch.randn(2, 3, 4, device=dev)",
+            "b = torch.randn(4, device=dev)",
+            "c = torch.randn(3, 4, device=dev)",
             "args = (a, b, c)",
         ],
         3,
     ),
-    (["a = torch.randn(8, 6)[::2]", "args = (a,)"], 1),  # strided
+    (["a = torch.randn(8, 6, device=dev)[::2]", "args = (a,)"], 1),  # strided
 ]
 
 _UNARY = ["sin", "cos", "exp", "tanh", "sigmoid", "abs", "neg", "relu"]
@@ -45,6 +55,7 @@ _REDUCE = ["sum", "mean", "amax", "amin"]
 
 class Program:
     def __init__(self, rng: random.Random, n_inputs: int, setup: list[str]):
+        self.device = "cpu"
         self.rng = rng
         self.setup = setup
         self.params = [f"x{i}" for i in range(n_inputs)]
@@ -59,8 +70,8 @@ class Program:
         return f"def f({', '.join(self.params)}):\n{body}\n    return ({ret}{',' if len(returns) == 1 else ''})\n"
 
 
-def _make_args(setup):
-    ns = {"torch": torch}
+def _make_args(setup, device="cpu"):
+    ns = {"torch": torch, "dev": device}
     exec("\n".join(setup), ns)
     return ns["args"]
 
@@ -147,15 +158,16 @@ def _candidate(prog: Program, tensors: dict, fresh: str) -> str:
                 f"{fresh} = {x}.cumsum({d})",
             ]
         return rng.choice(opts)
-    return f"{fresh} = torch.randn({tuple(t.shape)})"
+    return f"{fresh} = torch.randn({tuple(t.shape)}, device={prog.params[0]}.device)"
 
 
-def generate(seed: int, max_lines: int = 10) -> Program:
+def generate(seed: int, max_lines: int = 10, device: str = "cpu") -> Program:
     rng = random.Random(seed)
     setup, n = rng.choice(_INPUT_PATTERNS)
     prog = Program(rng, n, setup)
+    prog.device = device
     torch.manual_seed(seed)
-    args = _make_args(setup)
+    args = _make_args(setup, device)
     n_lines = rng.randint(1, max_lines)
     counter = 0
     attempts = 0
@@ -202,7 +214,10 @@ def run_one(prog: Program, seed: int, fusion_type: str) -> str | None:
     from .testing import compare
 
     return compare(
-        _compile(prog.source()), _make_args(prog.setup), fusion_type=fusion_type, seed=seed
+        _compile(prog.source()),
+        _make_args(prog.setup, prog.device),
+        fusion_type=fusion_type,
+        seed=seed,
     )
 
 
@@ -215,12 +230,12 @@ def shrink(prog: Program, seed: int, fusion_type: str) -> Program:
             f = _compile(src)
             from .testing import clone_args
 
-            f(*clone_args(_make_args(prog.setup)))
+            f(*clone_args(_make_args(prog.setup, prog.device)))
         except Exception:
             return False  # no longer a valid program
         from .testing import REFUSED, compare
 
-        r = compare(f, _make_args(prog.setup), fusion_type=fusion_type, seed=seed)
+        r = compare(f, _make_args(prog.setup, prog.device), fusion_type=fusion_type, seed=seed)
         return r is not None and r != REFUSED
 
     lines, returns = list(prog.lines), list(prog.returns)
@@ -239,6 +254,7 @@ def shrink(prog: Program, seed: int, fusion_type: str) -> Program:
                     returns, changed = cand, True
                     break
     out = Program(prog.rng, len(prog.params), prog.setup)
+    out.device = prog.device
     out.lines, out.returns = lines, returns
     return out
 
@@ -253,6 +269,7 @@ from keraunos.testing import compare
 
 {prog.source()}
 torch.manual_seed({seed})
+dev = {prog.device!r}
 {setup}
 print(compare(f, args, fusion_type={fusion_type!r}, seed={seed}) or "agrees with eager")
 """
@@ -265,6 +282,7 @@ def fuzz(
     max_lines: int = 10,
     verbose=False,
     stats: dict | None = None,
+    device: str = "cpu",
 ) -> list[str]:
     """Runs `programs` programs; returns a reproducer per mismatch. `stats` gets the counts of
     programs run and refused (see keraunos.testing.REFUSED)."""
@@ -274,7 +292,7 @@ def fuzz(
     refused = 0
     for i in range(programs):
         s = seed + i
-        prog = generate(s, max_lines)
+        prog = generate(s, max_lines, device)
         problem = run_one(prog, s, fusion_type)
         if problem == REFUSED:
             refused += 1
@@ -298,13 +316,22 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fusion-type", default="both", choices=["consecutive", "dataflow", "both"])
     ap.add_argument("--max-lines", type=int, default=10)
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
     kinds = ["consecutive", "dataflow"] if args.fusion_type == "both" else [args.fusion_type]
     total_fail = 0
     for ft in kinds:
         t0 = time.perf_counter()
         stats: dict = {}
-        fails = fuzz(args.programs, args.seed, ft, args.max_lines, verbose=True, stats=stats)
+        fails = fuzz(
+            args.programs,
+            args.seed,
+            ft,
+            args.max_lines,
+            verbose=True,
+            stats=stats,
+            device=args.device,
+        )
         total_fail += len(fails)
         print(
             f"fusion_type={ft}: {args.programs} programs, {len(fails)} mismatches, "

@@ -4,6 +4,7 @@ inputs must agree with eager in both fusion types."""
 import os
 
 import pytest
+
 from keraunos.fuzz import fuzz
 
 N = int(os.environ.get("KERAUNOS_FUZZ_PROGRAMS", "300"))

@@ -3,10 +3,11 @@ contents of every input after the call, and which outputs alias which inputs and
 
 from __future__ import annotations
 
-import keraunos
 import pytest
 import torch
 import torch.utils._pytree as pytree
+
+import keraunos
 from keraunos.testing import alias_pattern, clone_args  # noqa: E402
 
 
@@ -28,7 +29,12 @@ def assert_same(actual, expected, *, exact=True, atol=None, rtol=None, what="out
                 )
             else:
                 torch.testing.assert_close(
-                    a, e, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m, i=i: f"{what}[{i}]: {m}"
+                    a,
+                    e,
+                    rtol=rtol,
+                    atol=atol,
+                    equal_nan=True,
+                    msg=lambda m, i=i: f"{what}[{i}]: {m}",
                 )
         else:
             assert a == e or (a != a and e != e), f"{what}[{i}]: {a!r} vs eager {e!r}"

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from harness import check, check_prims
 
 UNARY_FLOAT = [

@@ -1,8 +1,9 @@
 """The frontend: caching, signatures, modules, errors, traces."""
 
-import keraunos
 import pytest
 import torch
+
+import keraunos
 from harness import check
 
 

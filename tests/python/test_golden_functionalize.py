@@ -7,9 +7,10 @@ import os
 import re
 from pathlib import Path
 
-import keraunos
 import pytest
 import torch
+
+import keraunos
 from harness import check
 
 GOLDEN = Path(__file__).parent / "golden" / "functionalize"

@@ -1,10 +1,11 @@
 import copy
 import math
 
-import keraunos
 import pytest
 import torch
 import torch.nn.functional as F
+
+import keraunos
 from harness import assert_same, check, check_prims
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]

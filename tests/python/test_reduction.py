@@ -1,6 +1,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+
 from harness import check, check_prims
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]

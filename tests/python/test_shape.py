@@ -1,6 +1,7 @@
-import keraunos
 import pytest
 import torch
+
+import keraunos
 from harness import check, check_prims
 
 
