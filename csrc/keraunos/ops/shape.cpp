@@ -151,7 +151,7 @@ std::pair<Shape, Shape> expand_geometry(const TensorRef& t, const Shape& sizes) 
     int64_t offset = ndim - 1 - i;
     int64_t dim = tdim - 1 - offset;
     int64_t size = dim >= 0 ? t->shape[dim] : 1;
-    int64_t stride = dim >= 0 ? t->strides[dim] : es[i + 1] * est[i + 1];
+    int64_t stride = dim >= 0 ? t->strides[dim] : i + 1 < ndim ? es[i + 1] * est[i + 1] : 1;
     int64_t target = sizes[i];
     if (target == -1) {
       KR_CHECK(dim >= 0, Runtime, "The expanded size of the tensor (", target,
