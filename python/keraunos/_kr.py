@@ -90,3 +90,9 @@ def scatter_strided(storage, src, size, stride, offset):
     out = storage.clone()
     torch.as_strided(out, size, stride, out.storage_offset() + offset).copy_(src)
     return out
+
+
+def restride(a, stride):
+    """A copy of `a` with the given strides."""
+    out = torch.empty_strided(a.shape, stride, dtype=a.dtype, device=a.device)
+    return out.copy_(a)

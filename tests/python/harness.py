@@ -117,3 +117,26 @@ def check_prims(fn, *args, atol=1e-5, rtol=1e-5, **kwargs):
                 f"{a.dtype}{tuple(a.shape)} vs {e.dtype}{tuple(e.shape)}"
             )
             torch.testing.assert_close(a, e, atol=atol, rtol=rtol, equal_nan=True)
+
+
+def canonical(trace) -> str:
+    """A printed trace without comments, proxies renamed in order of appearance (golden tests)."""
+    import re
+
+    lines = []
+    in_region = False
+    for ln in str(trace).splitlines()[1:]:
+        if in_region and ln.startswith("    # ") and not ln.startswith("      "):
+            lines.append("    " + ln[6:].split("  #", 1)[0].rstrip())  # a region member
+            continue
+        code = ln.split("#", 1)[0].rstrip()
+        if code.strip():
+            lines.append(code)
+            in_region = "ltorch.fusion(" in code
+    text = "\n".join(lines)
+    names = {}
+
+    def rename(m):
+        return names.setdefault(m.group(0), f"t{len(names)}")
+
+    return re.sub(r"\bt\d+\b", rename, text) + "\n"

@@ -141,6 +141,7 @@ def test_last_traces_every_stage_ends_with_return():
         "dce",
         "cse",
         "dce",
+        "partition",
         "torch executor",
     ]
     for t in traces:

@@ -4,33 +4,16 @@ canonicalized, comments dropped), plus the pattern's agreement with eager.
 Regenerate after an intended change with KERAUNOS_UPDATE_GOLDEN=1 and review the diff."""
 
 import os
-import re
 from pathlib import Path
 
 import pytest
 import torch
 
 import keraunos
-from harness import check
+from harness import canonical, check
 
 GOLDEN = Path(__file__).parent / "golden" / "functionalize"
 UPDATE = os.environ.get("KERAUNOS_UPDATE_GOLDEN") == "1"
-
-
-def canonical(trace) -> str:
-    """The trace body without comments, proxies renamed in order of appearance."""
-    lines = []
-    for ln in str(trace).splitlines()[1:]:
-        code = ln.split("#", 1)[0].rstrip()
-        if code.strip():
-            lines.append(code)
-    text = "\n".join(lines)
-    names = {}
-
-    def rename(m):
-        return names.setdefault(m.group(0), f"t{len(names)}")
-
-    return re.sub(r"\bt\d+\b", rename, text) + "\n"
 
 
 def inplace_on_input(x):

@@ -17,16 +17,32 @@ std::string return_expr(const Arg& out) {
 }
 } // namespace
 
+namespace {
+void emit(std::ostringstream& os, const BoundSymbol& b);
+} // namespace
+
 std::string torch_program(const Trace& trace, const std::string& name) {
   std::ostringstream os;
   os << "def " << name << "(";
   for (size_t i = 0; i < trace.inputs.size(); ++i) os << (i ? ", " : "") << trace.inputs[i]->name;
   os << "):\n";
-  for (const auto& b : trace.bsyms) {
+  for (const auto& b : trace.bsyms) emit(os, b);
+  return os.str();
+}
+
+namespace {
+void emit(std::ostringstream& os, const BoundSymbol& b) {
+  {
     const OpDef& d = b.def();
+    if (d.has(tags::F)) {
+      // A region on the torch executor: its members, in order.
+      os << "  # fusion region " << b.args.at(1).as_int() << "\n";
+      for (const auto& m : b.subsymbols) emit(os, m);
+      return;
+    }
     if (d.has(tags::Ret)) {
       os << "  return " << return_expr(b.args.at(0)) << "\n";
-      continue;
+      return;
     }
     os << "  ";
     if (!b.out.is_none()) {
@@ -41,7 +57,7 @@ std::string torch_program(const Trace& trace, const std::string& name) {
     }
     os << d.torch_fn << "(" << format_call_args(d, b.args) << ")\n";
   }
-  return os.str();
 }
+} // namespace
 
 } // namespace keraunos

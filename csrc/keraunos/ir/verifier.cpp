@@ -59,6 +59,30 @@ std::string verify(const Trace& trace, const VerifyOptions& opts) {
         return "a symbol follows the epilogue copies (" + where + ")";
       }
     }
+    if (d.has(tags::F)) {
+      // A region: its members are re-inferred one by one; names they define are internal.
+      for (const auto& m : b.subsymbols) {
+        for (const auto& t : m.inputs())
+          if (!defined.count(t.get()))
+            return "proxy " + t->name + " is used before it is defined (in region: " + bsym_line(m) + ")";
+        for (const auto& t : m.outputs()) {
+          if (!names.insert(t->name).second) return "proxy " + t->name + " is defined twice (" + where + ")";
+          defined.insert(t.get());
+        }
+        if (opts.reinfer) {
+          Arg inferred = reinfer(m, opts.builder);
+          std::vector<TensorRef> re;
+          if (!m.def().is_inplace()) inferred.collect_tensors(re);
+          auto outs = m.outputs();
+          if (re.size() != outs.size()) return "region member re-inferred differently: " + bsym_line(m);
+          for (size_t k = 0; k < outs.size(); ++k)
+            if (auto e = check_same(outs[k], re[k]); !e.empty()) return e + " (" + bsym_line(m) + ")";
+        }
+      }
+      for (const auto& t : b.outputs())
+        if (!defined.count(t.get())) return "region output " + t->name + " is not made by its members (" + where + ")";
+      continue;
+    }
     for (const auto& t : b.outputs()) {
       if (auto e = define(t, where); !e.empty()) return e;
       if (!d.is_prim() && !b.subsymbols.empty() && !defined_by_subsymbols(b, t.get()))

@@ -42,6 +42,15 @@ Arg impl_scatter_strided(Builder& b, const Arg::List& a) {
   return b.call(OpId::prim_as_strided_scatter, a);
 }
 
+// A copy of `a` laid out with the given (dense) strides: the value written into a storage
+// takes the layout of the tensor it is written into.
+Arg impl_restride(Builder& b, const Arg::List& a) { return b.call(OpId::prim_restride, a); }
+
+Arg impl_prim_restride(Builder& b, const Arg::List& a) {
+  const auto& t = a[0].tensor();
+  return Arg(b.new_tensor(t->dtype, t->device, t->shape, a[1].int_list()));
+}
+
 Arg impl_prim_as_strided(Builder& b, const Arg::List& a) {
   const auto& s = a[0].tensor();
   KR_INTERNAL(s->ndim() == 1, "as_strided prim reads a 1-D storage value");
@@ -59,6 +68,12 @@ Arg impl_prim_as_strided_scatter(Builder& b, const Arg::List& a) {
   check_in_bounds(a[2].int_list(), a[3].int_list(), a[4].as_int(), s->shape[0],
                   "as_strided_scatter");
   return Arg(b.new_tensor(s->dtype, s->device, s->shape));
+}
+
+Arg impl_fusion(Builder&, const Arg::List&) {
+  // Regions are made by the partitioner from existing symbols, never by tracing.
+  KR_INTERNAL(false, "a fusion region cannot be re-inferred from its arguments");
+  return Arg();
 }
 
 } // namespace keraunos::ops

@@ -23,6 +23,7 @@ inline constexpr uint32_t C = 1u << 7;  // creation (no tensor inputs)
 inline constexpr uint32_t T = 1u << 8;  // opaque: runs through torch only (matmul class)
 inline constexpr uint32_t Ret = 1u << 9; // the return statement
 inline constexpr uint32_t M = 1u << 10; // index remap (broadcast, reshape, permute, slice, ...)
+inline constexpr uint32_t F = 1u << 11; // a fusion region (its members are its subsymbols)
 } // namespace tags
 
 enum class OpId : uint16_t {

@@ -74,6 +74,22 @@ struct Storage {
   int version = 0;
 };
 
+// Dense strides with the dim order of `t`'s strides (t's own strides when it is dense).
+Shape dense_layout(const TensorProxy& t) {
+  Shape perm(t.ndim());
+  std::iota(perm.begin(), perm.end(), 0);
+  std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) {
+    return t.strides[a] > t.strides[b];
+  });
+  Shape strides(t.ndim());
+  int64_t acc = 1;
+  for (int64_t i = t.ndim() - 1; i >= 0; --i) {
+    strides[perm[i]] = acc;
+    acc *= std::max<int64_t>(t.shape[perm[i]], 1);
+  }
+  return strides;
+}
+
 int64_t last_element(const TensorProxy& t) {
   int64_t hi = t.storage_offset;
   for (int64_t i = 0; i < t.ndim(); ++i) hi += (t.shape[i] - 1) * t.strides[i];
@@ -205,9 +221,17 @@ private:
     Storage& s = *storage_of(dst);
     if (val->dtype != dst->dtype) val = emit(OpId::prim_convert_element_type, {Arg(val), Arg(dst->dtype)});
     if (!s.flat) {
-      // The new value must be a tensor of its own: a view of another storage would make them
-      // alias (and an epilogue write into that storage would change it).
-      if (aliases_.count(val.get())) val = emit(OpId::clone, {Arg(val)});
+      // The new value takes the layout of the tensor it is written into (later views of it
+      // must see eager's strides) and must be a tensor of its own: a view of another storage
+      // would make them alias (and an epilogue write into that storage would change it).
+      Shape layout = dense_layout(*dst);
+      bool same_layout = true;
+      for (int64_t i = 0; i < val->ndim(); ++i)
+        same_layout &= val->shape[i] == 1 || val->strides[i] == layout[i];
+      if (!same_layout)
+        val = emit(OpId::restride, {Arg(val), Arg::int_list(layout)});
+      else if (aliases_.count(val.get()))
+        val = emit(OpId::clone, {Arg(val)});
       s.value = val;
       return;
     }

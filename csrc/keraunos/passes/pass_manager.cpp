@@ -5,6 +5,7 @@
 #include "keraunos/passes/cse.h"
 #include "keraunos/passes/dce.h"
 #include "keraunos/passes/functionalize.h"
+#include "keraunos/passes/partition.h"
 
 #include <chrono>
 
@@ -24,6 +25,7 @@ constexpr NamedPass kPasses[] = {
     {"dce", &dce, true},
     {"cse", &cse, true},
     {"dce", &dce, true},
+    {"partition", &partition, true},
 };
 
 void check(const Trace& before, const Trace& after, const char* pass, const PassContext& ctx,

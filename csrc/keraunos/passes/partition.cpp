@@ -1,0 +1,193 @@
+// Partition: groups fusible symbols of the functional trace into fusion regions.
+//
+// `consecutive` merges runs of adjacent fusible symbols and keeps program order. `dataflow`
+// lets a fusible symbol join the region of one of its producers when the merge can make no
+// cycle, then emits the regions and the other symbols in a topological order of their data
+// edges (ties keep program order). Random draws are chained (each depends on the previous
+// one), so they keep eager's order and its random numbers. The epilogue copies into inputs
+// and `return` always stay last.
+//
+//   t1 = ltorch.sin(t0)              t5, = ltorch.fusion([t0], 0)
+//   t2 = ltorch.matmul(t0, t0)    ->   # t1 = ltorch.sin(t0)
+//   t3 = ltorch.cos(t1)                # t5 = ltorch.cos(t1)
+//   return t3, t2                    t2 = ltorch.matmul(t0, t0)
+//                                    return t5, t2        (dataflow)
+//
+// Needs: a functional trace. Guarantees: every region's inputs are defined before it and its
+// outputs are the member outputs read after it; the order is topological.
+#include "keraunos/passes/partition.h"
+
+#include "keraunos/ir/error.h"
+
+#include <algorithm>
+#include <numeric>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace keraunos {
+
+bool fusible(const BoundSymbol& b, const std::vector<TensorRef>& returned) {
+  const OpDef& d = b.def();
+  if (d.has(tags::T | tags::I | tags::S | tags::Ret | tags::F)) return false;
+  if (d.has(tags::V)) {
+    // A view that escapes must stay a real view of its base.
+    for (const auto& o : b.outputs())
+      for (const auto& r : returned)
+        if (o->storage_id == r->storage_id) return false;
+    return true;
+  }
+  return d.has(tags::E | tags::R | tags::M | tags::C);
+}
+
+namespace {
+
+struct Graph {
+  std::vector<std::vector<int>> producers; // per symbol, the symbols it reads from
+};
+
+int find(std::vector<int>& parent, int x) {
+  while (parent[x] != x) x = parent[x] = parent[parent[x]];
+  return x;
+}
+
+} // namespace
+
+PassResult partition(const Trace& trace, const PassContext& ctx) {
+  const auto& bs = trace.bsyms;
+  // The body: everything before the epilogue copies and return.
+  size_t body = bs.size();
+  while (body > 0 && (bs[body - 1].def().has(tags::Ret) || bs[body - 1].op == OpId::prim_copy_))
+    --body;
+  std::vector<TensorRef> returned;
+  trace.output().collect_tensors(returned);
+  const int n = static_cast<int>(body);
+
+  std::unordered_map<const TensorProxy*, int> producer;
+  Graph g;
+  g.producers.resize(n);
+  int last_random = -1;
+  std::vector<bool> can_fuse(n);
+  for (int i = 0; i < n; ++i) {
+    for (const auto& t : bs[i].inputs()) {
+      auto it = producer.find(t.get());
+      if (it != producer.end()) g.producers[i].push_back(it->second);
+    }
+    if (bs[i].def().has(tags::N)) {
+      if (last_random >= 0) g.producers[i].push_back(last_random);
+      last_random = i;
+    }
+    std::sort(g.producers[i].begin(), g.producers[i].end());
+    g.producers[i].erase(std::unique(g.producers[i].begin(), g.producers[i].end()),
+                         g.producers[i].end());
+    for (const auto& t : bs[i].outputs()) producer[t.get()] = i;
+    can_fuse[i] = fusible(bs[i], returned);
+  }
+
+  // Group symbols (union-find over symbol indices; a group's first symbol is its leader).
+  std::vector<int> parent(n);
+  std::iota(parent.begin(), parent.end(), 0);
+  std::vector<int> first(n);
+  std::iota(first.begin(), first.end(), 0);
+  if (ctx.fusion_type == "consecutive") {
+    for (int i = 1; i < n; ++i)
+      if (can_fuse[i] && can_fuse[i - 1]) parent[find(parent, i)] = find(parent, i - 1);
+  } else {
+    // A symbol joins a producer's region when every other producer comes before that region
+    // starts: then no path leaves the region and comes back through another symbol.
+    for (int i = 0; i < n; ++i) {
+      if (!can_fuse[i]) continue;
+      for (auto it = g.producers[i].rbegin(); it != g.producers[i].rend(); ++it) {
+        int p = *it;
+        if (!can_fuse[p]) continue;
+        int r = find(parent, p);
+        bool safe = true;
+        for (int q : g.producers[i])
+          if (find(parent, q) != r && q >= first[r]) safe = false;
+        if (safe) {
+          parent[find(parent, i)] = r;
+          break;
+        }
+      }
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    int r = find(parent, i);
+    first[r] = std::min(first[r], i);
+  }
+
+  // Groups in a topological order of their edges, ties by first position.
+  std::unordered_map<int, std::vector<int>> members;
+  for (int i = 0; i < n; ++i) members[find(parent, i)].push_back(i);
+  std::unordered_map<int, std::unordered_set<int>> succ;
+  std::unordered_map<int, int> indeg;
+  for (auto& [r, ms] : members) indeg[r] = 0;
+  for (int i = 0; i < n; ++i)
+    for (int p : g.producers[i]) {
+      int a = find(parent, p), b = find(parent, i);
+      if (a != b && succ[a].insert(b).second) ++indeg[b];
+    }
+  std::priority_queue<std::pair<int, int>, std::vector<std::pair<int, int>>, std::greater<>> ready;
+  for (auto& [r, d] : indeg)
+    if (d == 0) ready.push({first[r], r});
+  std::vector<int> order;
+  while (!ready.empty()) {
+    int r = ready.top().second;
+    ready.pop();
+    order.push_back(r);
+    for (int s : succ[r])
+      if (--indeg[s] == 0) ready.push({first[s], s});
+  }
+  KR_INTERNAL(order.size() == members.size(), "partition: the region graph has a cycle");
+
+  // Which tensors are read after (outside) each region.
+  std::unordered_map<const TensorProxy*, int> group_of;
+  for (int i = 0; i < n; ++i)
+    for (const auto& t : bs[i].outputs()) group_of[t.get()] = find(parent, i);
+  std::unordered_set<const TensorProxy*> read_outside;
+  for (size_t i = 0; i < bs.size(); ++i) {
+    int gi = i < body ? find(parent, static_cast<int>(i)) : -1;
+    for (const auto& t : bs[i].inputs()) {
+      auto it = group_of.find(t.get());
+      if (it != group_of.end() && it->second != gi) read_outside.insert(t.get());
+    }
+  }
+
+  PassResult r;
+  r.trace.inputs = trace.inputs;
+  int index = 0;
+  for (int g_id : order) {
+    const auto& ms = members[g_id];
+    if (ms.size() == 1) {
+      r.trace.bsyms.push_back(bs[ms[0]]);
+      continue;
+    }
+    BoundSymbol region;
+    region.op = OpId::fusion;
+    std::unordered_set<const TensorProxy*> inside;
+    Arg::List ins, outs;
+    std::unordered_set<const TensorProxy*> seen_in;
+    for (int m : ms) {
+      for (const auto& t : bs[m].inputs())
+        if (!inside.count(t.get()) && seen_in.insert(t.get()).second) ins.emplace_back(t);
+      for (const auto& t : bs[m].outputs()) {
+        inside.insert(t.get());
+        if (read_outside.count(t.get())) outs.emplace_back(t);
+      }
+      region.subsymbols.push_back(bs[m]);
+    }
+    region.args = {Arg(std::move(ins)), Arg(int64_t{index++})};
+    region.out = Arg(std::move(outs));
+    region.loc = bs[ms[0]].loc;
+    r.trace.bsyms.push_back(std::move(region));
+  }
+  for (size_t i = body; i < bs.size(); ++i) r.trace.bsyms.push_back(bs[i]);
+  r.changed = index > 0 || [&] {
+    for (size_t i = 0; i < order.size(); ++i)
+      if (members[order[i]][0] != static_cast<int>(i)) return true;
+    return false;
+  }();
+  return r;
+}
+
+} // namespace keraunos

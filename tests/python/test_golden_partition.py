@@ -1,0 +1,116 @@
+"""Golden partitions: the partitioned trace (regions with their members) for both fusion
+types, checked exactly, plus agreement with eager. `consecutive` keeps program order;
+`dataflow` may reorder along data edges; `return` and the epilogue stay last in both.
+
+Regenerate after an intended change with KERAUNOS_UPDATE_GOLDEN=1 and review the diff."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import keraunos
+from harness import canonical, check
+
+GOLDEN = Path(__file__).parent / "golden" / "partition"
+UPDATE = os.environ.get("KERAUNOS_UPDATE_GOLDEN") == "1"
+
+
+def chain_around_matmul(x, w):
+    a = x.sin()
+    b = x @ w
+    c = a.cos() + 1
+    return c, b.relu()
+
+
+def independent_branches(x, y):
+    a = x.exp()
+    b = y.abs()
+    return a * 2, b + 1
+
+
+def random_order(x, w):
+    a = torch.randn(4, 4)
+    b = x @ w
+    c = torch.randn(4, 4)
+    return a + b, c * 2
+
+
+def inplace_input_epilogue(x, y):
+    x.mul_(2)
+    z = x @ y
+    return z.tanh()
+
+
+def returned_view(x):
+    y = x * 2
+    return y.view(-1), y.t()
+
+
+def softmax_like(x):
+    m = x.amax(-1, keepdim=True)
+    e = (x - m).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+def mlp(x, w1, w2):
+    h = torch.nn.functional.gelu(x @ w1)
+    return (h @ w2).softmax(-1)
+
+
+def dead_mutation():
+    torch.randn(4).sin_()
+
+
+PATTERNS = {
+    "chain_around_matmul": (chain_around_matmul, lambda: (torch.randn(4, 4), torch.randn(4, 4))),
+    "independent_branches": (independent_branches, lambda: (torch.randn(3), torch.randn(3))),
+    "random_order": (random_order, lambda: (torch.randn(4, 4), torch.randn(4, 4))),
+    "inplace_input_epilogue": (
+        inplace_input_epilogue,
+        lambda: (torch.randn(3, 3), torch.randn(3, 3)),
+    ),
+    "returned_view": (returned_view, lambda: (torch.randn(2, 3),)),
+    "softmax_like": (softmax_like, lambda: (torch.randn(4, 8),)),
+    "mlp": (mlp, lambda: (torch.randn(2, 8), torch.randn(8, 16), torch.randn(16, 4))),
+    "dead_mutation": (dead_mutation, lambda: ()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+@pytest.mark.parametrize("fusion_type", ["consecutive", "dataflow"])
+def test_golden_partition(name, fusion_type):
+    fn, make = PATTERNS[name]
+    torch.manual_seed(0)
+    jf = check(fn, *make(), fusion_type=fusion_type, seed=0, atol=1e-6, rtol=1e-6)
+    traces = keraunos.last_traces(jf)
+    part = next(t for t in traces if t.stage == "partition")
+    text = canonical(part)
+    assert text.rstrip().splitlines()[-1].lstrip().startswith("return")
+    path = GOLDEN / f"{name}.{fusion_type}.txt"
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file for {name}: run with KERAUNOS_UPDATE_GOLDEN=1"
+    assert text == path.read_text()
+
+
+@pytest.mark.parametrize("fusion_type", ["consecutive", "dataflow"])
+def test_ten_thousand_op_trace(fusion_type):
+    """A 10,000-op trace partitions (each pass is linear in the trace length)."""
+
+    def f(x, w):
+        for i in range(2500):
+            x = (x * 1.0001).sin() + 0.5
+            if i % 500 == 499:
+                x = x @ w
+        return x
+
+    x, w = torch.randn(2, 2), torch.eye(2)
+    jf = keraunos.jit(f, fusion_type=fusion_type)
+    out = jf(x, w)
+    torch.testing.assert_close(out, f(x, w))
+    part = next(t for t in keraunos.last_traces(jf) if t.stage == "partition")
+    names = part.symbol_names()
+    assert names.count("ltorch.fusion") == 5 and names.count("ltorch.matmul") == 5
