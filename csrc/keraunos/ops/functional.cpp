@@ -56,7 +56,8 @@ Arg impl_prim_as_strided(Builder& b, const Arg::List& a) {
   KR_INTERNAL(s->ndim() == 1, "as_strided prim reads a 1-D storage value");
   Shape size = a[1].int_list();
   check_in_bounds(size, a[2].int_list(), a[3].as_int(), s->shape[0], "as_strided");
-  return Arg(b.new_tensor(s->dtype, s->device, size));
+  // The torch executor gathers with a view of the storage value: its layout is `stride`.
+  return Arg(b.new_tensor(s->dtype, s->device, size, size.empty() ? Shape{} : a[2].int_list()));
 }
 
 Arg impl_prim_as_strided_scatter(Builder& b, const Arg::List& a) {
