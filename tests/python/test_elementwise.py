@@ -343,3 +343,43 @@ def test_out_argument():
         return o
 
     check(f, torch.randn(3), torch.randn(3), torch.empty(3))
+
+
+INPLACE_VARIANTS = {
+    "addcdiv_": lambda a, b: a.addcdiv_(b, b.abs() + 1, value=0.5),
+    "addcmul_": lambda a, b: a.addcmul_(b, b, value=2),
+    "eq_": lambda a, b: a.eq_(b),
+    "ne_": lambda a, b: a.ne_(b),
+    "lt_": lambda a, b: a.lt_(b),
+    "le_": lambda a, b: a.le_(0.5),
+    "gt_": lambda a, b: a.gt_(b),
+    "ge_": lambda a, b: a.ge_(b),
+    "floor_divide_": lambda a, b: a.floor_divide_(b.abs() + 1),
+    "fmod_": lambda a, b: a.fmod_(b.abs() + 1),
+    "remainder_": lambda a, b: a.remainder_(1.5),
+    "pow_": lambda a, b: a.abs_().pow_(b),
+    "lerp_": lambda a, b: a.lerp_(b, 0.3),
+    "logical_and_": lambda a, b: a.logical_and_(b > 0),
+    "logical_or_": lambda a, b: a.logical_or_(b),
+    "logical_xor_": lambda a, b: a.logical_xor_(b),
+    "logical_not_": lambda a, b: a.logical_not_(),
+    "nan_to_num_": lambda a, b: a.div_(0).nan_to_num_(posinf=1.0),
+    "elu_": lambda a, b: torch.nn.functional.elu_(a, 0.5),
+    "hardtanh_": lambda a, b: torch.nn.functional.hardtanh(a, -0.5, 0.5, inplace=True),
+    "leaky_relu_": lambda a, b: torch.nn.functional.leaky_relu_(a, 0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INPLACE_VARIANTS))
+def test_inplace_variants(name):
+    fn = INPLACE_VARIANTS[name]
+    check(lambda a, b: (fn(a, b), a)[1], torch.randn(4, 5), torch.randn(5))
+
+
+@pytest.mark.parametrize("name", ["bitwise_and_", "bitwise_or_", "bitwise_xor_", "bitwise_not_"])
+def test_inplace_bitwise(name):
+    def f(a, b):
+        getattr(a, name)(*([] if name == "bitwise_not_" else [b]))
+        return a
+
+    check(f, torch.randint(0, 64, (4, 5)), torch.randint(0, 64, (5,)))
