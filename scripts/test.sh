@@ -25,3 +25,20 @@ cmake --build "$root/build/cpp-tests"
 echo "[test] Python tests"
 cd "$root/tests/python"  # import the installed package, not the source tree
 python -m pytest -q -p no:cacheprovider "$@" "$root/tests/python" "$root/tests/fuzz"
+
+# The same Python tests against a build with AddressSanitizer and UBSan: memory errors that an
+# optimized build survives by luck (or that only crash elsewhere) fail here.
+if [ "${KERAUNOS_SANITIZE:-1}" != "0" ] && command -v gcc >/dev/null; then
+  echo "[test] Python tests under ASan + UBSan"
+  cmake -S "$root" -B "$root/build/asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
+    -DPython_EXECUTABLE="$VENV/bin/python" >/dev/null
+  cmake --build "$root/build/asan"
+  rm -rf "$root/build/asan-pkg" && mkdir -p "$root/build/asan-pkg"
+  cp -r "$root/python/keraunos" "$root/build/asan-pkg/"
+  cp "$root"/build/asan/_C*.so "$root/build/asan-pkg/keraunos/"
+  LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \
+  ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  PYTHONPATH="$root/build/asan-pkg" \
+    python -m pytest -q -p no:cacheprovider "$root/tests/python" "$root/tests/fuzz"
+fi
