@@ -11,9 +11,10 @@ struct DTypeInfo {
   std::string_view name, short_name;
   int size;
   DTypeKind kind;
+  std::string_view scalar_name;
 };
 constexpr DTypeInfo kInfo[] = {
-#define KR_X(e, n, s, sz, k) {n, s, sz, DTypeKind::k},
+#define KR_X(e, n, s, sz, k, c) {n, s, sz, DTypeKind::k, c},
     KERAUNOS_FOREACH_DTYPE(KR_X)
 #undef KR_X
 };
@@ -22,6 +23,7 @@ const DTypeInfo& info(DType d) { return kInfo[static_cast<int>(d)]; }
 
 std::string_view dtype_name(DType d) { return info(d).name; }
 std::string_view dtype_short(DType d) { return info(d).short_name; }
+std::string_view dtype_scalar_name(DType d) { return info(d).scalar_name; }
 int itemsize(DType d) { return info(d).size; }
 DTypeKind dtype_kind(DType d) { return info(d).kind; }
 

@@ -7,21 +7,21 @@
 
 namespace keraunos {
 
-// X(enum, torch name, short name, itemsize, kind)
+// X(enum, torch name, short name, itemsize, kind, c10 ScalarType name)
 #define KERAUNOS_FOREACH_DTYPE(X)                                                                  \
-  X(Bool, "bool", "b8", 1, Bool)                                                                   \
-  X(UInt8, "uint8", "u8", 1, Int)                                                                  \
-  X(Int8, "int8", "i8", 1, Int)                                                                    \
-  X(Int16, "int16", "i16", 2, Int)                                                                 \
-  X(Int32, "int32", "i32", 4, Int)                                                                 \
-  X(Int64, "int64", "i64", 8, Int)                                                                 \
-  X(Float16, "float16", "f16", 2, Float)                                                           \
-  X(BFloat16, "bfloat16", "bf16", 2, Float)                                                        \
-  X(Float32, "float32", "f32", 4, Float)                                                           \
-  X(Float64, "float64", "f64", 8, Float)
+  X(Bool, "bool", "b8", 1, Bool, "Bool")                                                           \
+  X(UInt8, "uint8", "u8", 1, Int, "Byte")                                                          \
+  X(Int8, "int8", "i8", 1, Int, "Char")                                                            \
+  X(Int16, "int16", "i16", 2, Int, "Short")                                                        \
+  X(Int32, "int32", "i32", 4, Int, "Int")                                                          \
+  X(Int64, "int64", "i64", 8, Int, "Long")                                                         \
+  X(Float16, "float16", "f16", 2, Float, "Half")                                                   \
+  X(BFloat16, "bfloat16", "bf16", 2, Float, "BFloat16")                                            \
+  X(Float32, "float32", "f32", 4, Float, "Float")                                                  \
+  X(Float64, "float64", "f64", 8, Float, "Double")
 
 enum class DType : uint8_t {
-#define KR_X(e, n, s, sz, k) e,
+#define KR_X(e, n, s, sz, k, c) e,
   KERAUNOS_FOREACH_DTYPE(KR_X)
 #undef KR_X
 };
@@ -31,6 +31,7 @@ enum class DTypeKind : uint8_t { Bool, Int, Float };
 
 std::string_view dtype_name(DType d);  // "float32"
 std::string_view dtype_short(DType d); // "f32"
+std::string_view dtype_scalar_name(DType d); // c10's ScalarType name, as eager's errors say: "Float"
 int itemsize(DType d);
 DTypeKind dtype_kind(DType d);
 inline bool is_float(DType d) { return dtype_kind(d) == DTypeKind::Float; }

@@ -13,22 +13,6 @@ namespace keraunos::ops {
 
 namespace {
 
-// torch's name of a dtype in "... not implemented for 'Long'" messages.
-const char* kernel_type_name(DType d) {
-  switch (d) {
-  case DType::Bool: return "Bool";
-  case DType::UInt8: return "Byte";
-  case DType::Int8: return "Char";
-  case DType::Int16: return "Short";
-  case DType::Int32: return "Int";
-  case DType::Int64: return "Long";
-  case DType::Float16: return "Half";
-  case DType::BFloat16: return "BFloat16";
-  case DType::Float32: return "Float";
-  case DType::Float64: return "Double";
-  }
-  return "?";
-}
 
 void check_sizes(const Shape& size, std::string_view op) {
   for (auto s : size) {
@@ -50,7 +34,7 @@ void check_requires_grad(const Arg& rg, DType dtype, std::string_view op) {
 
 void check_random_dtype(DType d, bool normal) {
   KR_CHECK(is_float(d), NotImplemented, normal ? "\"normal_kernel_cpu\"" : "\"check_uniform_bounds\"",
-           " not implemented for '", kernel_type_name(d), "'");
+           " not implemented for '", dtype_scalar_name(d), "'");
 }
 
 DType dtype_or(const Arg& a, DType d) { return a.is_none() ? d : a.as_dtype(); }

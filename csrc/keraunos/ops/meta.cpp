@@ -55,8 +55,6 @@ DType result_type(const Arg::List& operands, DType default_float) {
   return combine_categories(dim, low);
 }
 
-namespace {
-// ATen's is_non_overlapping_and_dense.
 bool non_overlapping_dense(const Shape& sizes, const Shape& strides) {
   const size_t n = sizes.size();
   if (n == 1) return sizes[0] < 2 || strides[0] == 1;
@@ -75,7 +73,6 @@ bool non_overlapping_dense(const Shape& sizes, const Shape& strides) {
   }
   return true;
 }
-} // namespace
 
 Shape elementwise_strides(const std::vector<TensorRef>& operands, const Shape& shape) {
   const int64_t nd = static_cast<int64_t>(shape.size());

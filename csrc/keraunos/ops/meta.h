@@ -15,6 +15,9 @@ Shape broadcast_shapes(const std::vector<Shape>& shapes, std::string_view op);
 // numbers, by category).
 DType result_type(const Arg::List& operands, DType default_float);
 
+// ATen's is_non_overlapping_and_dense.
+bool non_overlapping_dense(const Shape& sizes, const Shape& strides);
+
 // Output strides of an elementwise op over `operands` (already broadcast to `shape`), as
 // TensorIterator computes them.
 Shape elementwise_strides(const std::vector<TensorRef>& operands, const Shape& shape);

@@ -19,24 +19,6 @@ void check_no_internal_overlap(const TensorRef& dst, std::string_view op) {
              "operation.");
 }
 
-namespace {
-bool non_overlapping_dense(const TensorProxy& t) {
-  std::vector<int64_t> perm(t.ndim());
-  for (int64_t i = 0; i < t.ndim(); ++i) perm[i] = i;
-  std::sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) {
-    if (t.shape[a] < 2) return false;
-    if (t.shape[b] < 2) return true;
-    return t.strides[a] < t.strides[b];
-  });
-  int64_t require = 1;
-  for (auto i : perm) {
-    if (t.shape[i] < 2) return true;
-    if (t.strides[i] != require) return false;
-    require *= t.shape[i];
-  }
-  return true;
-}
-} // namespace
 
 namespace {
 // The storage offsets a tensor covers (for overlap tests at trace time).
@@ -81,7 +63,7 @@ void check_no_partial_overlap(const TensorRef& dst, const TensorRef& src, std::s
     return g;
   };
   bool same_view = squeezed(*dst) == squeezed(*src) && dst->storage_offset == src->storage_offset;
-  if (!non_overlapping_dense(*dst) || !non_overlapping_dense(*src)) {
+  if (!non_overlapping_dense(dst->shape, dst->strides) || !non_overlapping_dense(src->shape, src->strides)) {
     // Eager does not check these ("too hard") and its result then depends on the order in
     // which its kernel visits elements; keraunos refuses rather than guess.
     KR_CHECK(same_view || !share_elements(*dst, *src), NotImplemented, op,

@@ -14,22 +14,7 @@ namespace keraunos::ops {
 // Shared with nn.cpp (declared there).
 namespace red {
 
-// The dtype names eager uses in error messages ('Long', 'Float', ...).
-std::string_view torch_type_name(DType d) {
-  switch (d) {
-  case DType::Bool: return "Bool";
-  case DType::UInt8: return "Byte";
-  case DType::Int8: return "Char";
-  case DType::Int16: return "Short";
-  case DType::Int32: return "Int";
-  case DType::Int64: return "Long";
-  case DType::Float16: return "Half";
-  case DType::BFloat16: return "BFloat16";
-  case DType::Float32: return "Float";
-  case DType::Float64: return "Double";
-  }
-  return "?";
-}
+std::string_view torch_type_name(DType d) { return dtype_scalar_name(d); }
 
 DType compute_dtype(DType d) {
   return (d == DType::Float16 || d == DType::BFloat16) ? DType::Float32 : d;

@@ -105,22 +105,6 @@ std::string legacy_type(const TensorRef& t) {
   return std::string(t->device.type == DeviceType::CUDA ? "torch.cuda." : "torch.") + n + "Tensor";
 }
 
-// c10's ScalarType names ("Float", "Long").
-std::string scalar_name(DType d) {
-  switch (d) {
-  case DType::Bool: return "Bool";
-  case DType::UInt8: return "Byte";
-  case DType::Int8: return "Char";
-  case DType::Int16: return "Short";
-  case DType::Int32: return "Int";
-  case DType::Int64: return "Long";
-  case DType::Float16: return "Half";
-  case DType::BFloat16: return "BFloat16";
-  case DType::Float32: return "Float";
-  case DType::Float64: return "Double";
-  }
-  return "?";
-}
 
 // C++ type names eager prints in some messages ("float", "long").
 std::string ctype_name(DType d) {
@@ -960,7 +944,7 @@ Arg impl_index_put(Builder& b, const Arg::List& a) {
            "too many indices for tensor of dimension ", x->ndim(), " (got ", list.size(), ")");
   KR_CHECK(values->dtype == x->dtype, Runtime,
            "Index put requires the source and destination dtypes match, got ",
-           scalar_name(x->dtype), " for the destination and ", scalar_name(values->dtype),
+           dtype_scalar_name(x->dtype), " for the destination and ", dtype_scalar_name(values->dtype),
            " for the source.");
   std::vector<std::pair<int64_t, TensorRef>> adv;
   Arg::List indices;
@@ -1002,10 +986,10 @@ Arg impl_index_copy(Builder& b, const Arg::List& a) {
              src->ndim(), "), destination dimensionality (", x->ndim(), ")");
   int64_t src_dim = src->ndim() ? src->shape[dim] : 1;
   KR_CHECK(index->dtype == DType::Int64, Runtime,
-           "index_copy_(): Expected a long tensor for index, but got ", scalar_name(index->dtype));
+           "index_copy_(): Expected a long tensor for index, but got ", dtype_scalar_name(index->dtype));
   KR_CHECK(src->dtype == x->dtype, Runtime,
            "index_copy_(): self and source expected to have the same dtype, but got (self) ",
-           scalar_name(x->dtype), " and (source) ", scalar_name(src->dtype));
+           dtype_scalar_name(x->dtype), " and (source) ", dtype_scalar_name(src->dtype));
   for (int64_t d = 0; d < x->ndim() && src->ndim() == x->ndim(); ++d) {
     if (d == dim) continue;
     KR_CHECK(x->shape[d] == src->shape[d], Runtime,

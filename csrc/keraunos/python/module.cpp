@@ -78,7 +78,7 @@ NB_MODULE(_C, m) {
   });
 
   nb::enum_<DType>(m, "DType")
-#define KR_X(e, n, s, sz, k) .value(n, DType::e)
+#define KR_X(e, n, s, sz, k, c) .value(n, DType::e)
       KERAUNOS_FOREACH_DTYPE(KR_X)
 #undef KR_X
       ;
