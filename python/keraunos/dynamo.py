@@ -160,6 +160,8 @@ def _op_reason(node, gm) -> str | None:
             return f"tensor attribute torch.Tensor.{attr} is not supported"
         if torch_map.lookup(t) is not None or t in _PASSTHROUGH or t in _METADATA:
             return None
+        if t is torch._C._set_grad_enabled:
+            return "grad mode change (torch.no_grad / torch.set_grad_enabled) runs eagerly"
         if getattr(t, "__module__", None) in ("_operator", "operator", "builtins", "math"):
             if not any(_is_tensor_arg(a) for a in node.all_input_nodes):
                 return None
@@ -243,21 +245,58 @@ class Region:
         self.module: torch.fx.GraphModule | None = None
         self.jf: _RegionJit | None = None
         self.fell_back = False
+        self.grad_before: bool | None = None  # grad mode set before / after the region
+        self.grad_after: bool | None = None
 
     def build(self, module, options):
         self.module = module
+        self.grad_before = self.grad_after = None
         if self.kind == "keraunos":
+            self._strip_grad_mode()
             self.jf = _RegionJit(module.forward, **options)
 
+    def _strip_grad_mode(self):
+        """split_module opens each partition inside a `with torch.no_grad()` (or closes one)
+        with torch._C._set_grad_enabled calls: they are done here, around the region."""
+        g = self.module.graph
+        body = [n for n in g.nodes if n.op not in ("placeholder", "output")]
+
+        def grad_node(n):
+            return (
+                n.op == "call_function"
+                and n.target is torch._C._set_grad_enabled
+                and not n.users
+                and len(n.args) == 1
+                and isinstance(n.args[0], bool)
+            )
+
+        changed = False
+        if body and grad_node(body[0]):
+            self.grad_before = body[0].args[0]
+            g.erase_node(body.pop(0))
+            changed = True
+        if body and grad_node(body[-1]):
+            self.grad_after = body[-1].args[0]
+            g.erase_node(body.pop())
+            changed = True
+        if changed:
+            self.module.recompile()
+
     def __call__(self, *args):
-        if self.kind == "keraunos":
-            try:
-                return self.jf(*args)
-            except _TraceRefused as e:
-                self.kind = "eager"
-                self.fell_back = True
-                self.reasons.append(f"keraunos refused it while tracing: {e}")
-        return self.module(*args)
+        if self.grad_before is not None:
+            torch._C._set_grad_enabled(self.grad_before)
+        try:
+            if self.kind == "keraunos":
+                try:
+                    return self.jf(*args)
+                except _TraceRefused as e:
+                    self.kind = "eager"
+                    self.fell_back = True
+                    self.reasons.append(f"keraunos refused it while tracing: {e}")
+            return self.module(*args)
+        finally:
+            if self.grad_after is not None:
+                torch._C._set_grad_enabled(self.grad_after)
 
     def describe(self) -> str:
         names = ", ".join(self.nodes[:12]) + (", ..." if len(self.nodes) > 12 else "")
