@@ -564,7 +564,10 @@ def explain(fn, file=None, traces: str = "all") -> str:
 
     out = io.StringIO()
     if isinstance(fn, (JittedFunction, JittedModule)):
-        print(f"keraunos.explain: {getattr(fn, '__name__', type(fn).__name__)} (keraunos.jit)", file=out)
+        print(
+            f"keraunos.explain: {getattr(fn, '__name__', type(fn).__name__)} (keraunos.jit)",
+            file=out,
+        )
         if traces != "none":
             ts = last_traces(fn)
             for t in ts if traces == "all" else ts[-1:]:
@@ -616,4 +619,3 @@ def _register():
         register_backend(keraunos_backend, name="keraunos")
     except AssertionError:  # already registered (keraunos reloaded, or by the entry point)
         pass
-
