@@ -523,6 +523,15 @@ def _context(compiled):
     )
 
 
+def _compiled_name(compiled) -> str | None:
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if isinstance(compiled, OptimizedModule):
+        return type(compiled._orig_mod).__name__
+    orig = getattr(compiled, "_torchdynamo_orig_callable", None)
+    return getattr(orig, "__qualname__", None)
+
+
 def _graphs(compiled) -> list[CompiledGraph]:
     rec = _record_for(_context(compiled), create=False)
     return list(rec.graphs) if rec is not None else []
@@ -575,7 +584,7 @@ def explain(fn, file=None, traces: str = "all") -> str:
     else:
         rec = _record_for(_context(fn), create=False)
         graphs = rec.graphs if rec else []
-        name = rec.name if rec else getattr(fn, "__name__", "?")
+        name = _compiled_name(fn) or (rec.name if rec else "?")
         print(
             f"keraunos.explain: {name}: {len(graphs)} Dynamo graph(s)"
             + (" (more than one: Dynamo graph breaks or recompiles)" if len(graphs) > 1 else ""),
