@@ -4,7 +4,13 @@ from . import (
     _C,  # noqa: F401
     torch_map,  # noqa: F401  (registers the mapping table)
 )
-from .jit import compile_stats, jit, last_traces
+from .dynamo import compile, compile_stats, explain
+from .jit import jit, last_traces
 
-__all__ = ["jit", "last_traces", "compile_stats"]
+__all__ = ["jit", "last_traces", "compile_stats", "compile", "explain"]
 __version__ = "0.1.0"
+
+from .dynamo import _register  # noqa: E402
+
+_register()  # torch.compile(fn, backend="keraunos")
+del _register

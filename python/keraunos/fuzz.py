@@ -209,8 +209,11 @@ def _clone(args):
     return clone_args(args)
 
 
-def run_one(prog: Program, seed: int, fusion_type: str) -> str | None:
-    """None when keraunos agrees with eager, else a description of the mismatch."""
+def run_one(
+    prog: Program, seed: int, fusion_type: str, via: str = "jit", info: dict | None = None
+) -> str | None:
+    """None when keraunos agrees with eager, else a description of the mismatch. via="compile"
+    runs the program through torch.compile(backend="keraunos") instead of keraunos.jit."""
     from .testing import compare
 
     return compare(
@@ -218,10 +221,12 @@ def run_one(prog: Program, seed: int, fusion_type: str) -> str | None:
         _make_args(prog.setup, prog.device),
         fusion_type=fusion_type,
         seed=seed,
+        via=via,
+        info=info,
     )
 
 
-def shrink(prog: Program, seed: int, fusion_type: str) -> Program:
+def shrink(prog: Program, seed: int, fusion_type: str, via: str = "jit") -> Program:
     """Removes lines (and returns) while the program still runs eagerly and still fails."""
 
     def fails(lines, returns):
@@ -235,7 +240,9 @@ def shrink(prog: Program, seed: int, fusion_type: str) -> Program:
             return False  # no longer a valid program
         from .testing import REFUSED, compare
 
-        r = compare(f, _make_args(prog.setup, prog.device), fusion_type=fusion_type, seed=seed)
+        r = compare(
+            f, _make_args(prog.setup, prog.device), fusion_type=fusion_type, seed=seed, via=via
+        )
         return r is not None and r != REFUSED
 
     lines, returns = list(prog.lines), list(prog.returns)
@@ -259,9 +266,9 @@ def shrink(prog: Program, seed: int, fusion_type: str) -> Program:
     return out
 
 
-def reproducer(prog: Program, seed: int, fusion_type: str, problem: str) -> str:
+def reproducer(prog: Program, seed: int, fusion_type: str, problem: str, via: str = "jit") -> str:
     setup = "\n".join(prog.setup)
-    return f"""# keraunos fuzzer reproducer (seed {seed}, fusion_type={fusion_type!r})
+    return f"""# keraunos fuzzer reproducer (seed {seed}, fusion_type={fusion_type!r}, via={via!r})
 # {problem.splitlines()[0] if problem else ""}
 import torch
 import keraunos
@@ -271,7 +278,7 @@ from keraunos.testing import compare
 torch.manual_seed({seed})
 dev = {prog.device!r}
 {setup}
-print(compare(f, args, fusion_type={fusion_type!r}, seed={seed}) or "agrees with eager")
+print(compare(f, args, fusion_type={fusion_type!r}, seed={seed}, via={via!r}) or "agrees with eager")
 """
 
 
@@ -283,28 +290,37 @@ def fuzz(
     verbose=False,
     stats: dict | None = None,
     device: str = "cpu",
+    via: str = "jit",
 ) -> list[str]:
     """Runs `programs` programs; returns a reproducer per mismatch. `stats` gets the counts of
-    programs run and refused (see keraunos.testing.REFUSED)."""
+    programs run and refused (see keraunos.testing.REFUSED). via="compile" runs them through
+    torch.compile(backend="keraunos"); `stats["fell_back"]` then counts the programs in which
+    some region ran eagerly (unsupported or refused by keraunos: eager semantics)."""
     from .testing import REFUSED
 
     failures = []
     refused = 0
+    fell_back = 0
     for i in range(programs):
         s = seed + i
         prog = generate(s, max_lines, device)
-        problem = run_one(prog, s, fusion_type)
+        info: dict = {}
+        problem = run_one(prog, s, fusion_type, via, info)
+        if info.get("eager_regions") or info.get("eager_graphs"):
+            fell_back += 1
         if problem == REFUSED:
             refused += 1
             continue
         if problem is not None:
-            small = shrink(prog, s, fusion_type)
-            failures.append(reproducer(small, s, fusion_type, problem))
+            small = shrink(prog, s, fusion_type, via)
+            failures.append(reproducer(small, s, fusion_type, problem, via))
             if verbose:
                 print(failures[-1])
                 print(problem)
     if stats is not None:
-        stats.update(programs=programs, refused=refused, mismatches=len(failures))
+        stats.update(
+            programs=programs, refused=refused, mismatches=len(failures), fell_back=fell_back
+        )
     return failures
 
 
@@ -317,6 +333,12 @@ def main(argv=None):
     ap.add_argument("--fusion-type", default="both", choices=["consecutive", "dataflow", "both"])
     ap.add_argument("--max-lines", type=int, default=10)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument(
+        "--via",
+        default="jit",
+        choices=["jit", "compile"],
+        help="keraunos.jit, or torch.compile(backend='keraunos')",
+    )
     args = ap.parse_args(argv)
     kinds = ["consecutive", "dataflow"] if args.fusion_type == "both" else [args.fusion_type]
     total_fail = 0
@@ -331,11 +353,13 @@ def main(argv=None):
             verbose=True,
             stats=stats,
             device=args.device,
+            via=args.via,
         )
         total_fail += len(fails)
         print(
             f"fusion_type={ft}: {args.programs} programs, {len(fails)} mismatches, "
-            f"{stats['refused']} refused as order-dependent ({time.perf_counter() - t0:.1f} s)"
+            f"{stats['refused']} refused as order-dependent, {stats['fell_back']} with regions "
+            f"run eagerly ({time.perf_counter() - t0:.1f} s)"
         )
     return 1 if total_fail else 0
 

@@ -92,9 +92,17 @@ def compare(
     atol=0.0,
     rtol=0.0,
     check_alias=True,
+    via: str = "jit",
+    info: dict | None = None,
 ) -> str | None:
     """Runs fn eagerly and through keraunos.jit on copies of the same arguments. None when they
-    agree on outputs, the inputs' contents after the call and aliasing; else what differs."""
+    agree on outputs, the inputs' contents after the call and aliasing; else what differs.
+
+    via="compile" runs it through torch.compile(fn, backend="keraunos") instead (keraunos.compile,
+    after torch._dynamo.reset()); `info`, when given, receives keraunos.compile_stats of it
+    (regions that ran eagerly, keraunos refusals that fell back to eager)."""
+    if via not in ("jit", "compile"):
+        raise ValueError(f"via must be 'jit' or 'compile', got {via!r}")
     kwargs = kwargs or {}
     eager_args, jit_args = clone_args((args, kwargs)), clone_args((args, kwargs))
     if seed is not None:
@@ -107,8 +115,15 @@ def compare(
         eager_error = None
     if seed is not None:
         torch.manual_seed(seed)
+    if via == "compile":
+        from torch import _dynamo
+
+        _dynamo.reset()
+        runner = keraunos.compile(fn, fusion_type=fusion_type)
+    else:
+        runner = keraunos.jit(fn, fusion_type=fusion_type)
     try:
-        actual = keraunos.jit(fn, fusion_type=fusion_type)(*jit_args[0], **jit_args[1])
+        actual = runner(*jit_args[0], **jit_args[1])
     except Exception as e:
         if eager_error is not None and isinstance(e, type(eager_error)):
             return None
@@ -120,6 +135,8 @@ def compare(
             # A documented refusal: eager's result depends on its kernel's iteration order.
             return REFUSED
         return f"keraunos raised {type(e).__name__}: {e}\n{traceback.format_exc()}"
+    if info is not None and via == "compile":
+        info.update(keraunos.compile_stats(runner))
     if eager_error is not None:
         return f"eager raised {type(eager_error).__name__}: {eager_error}; keraunos did not"
     return (
