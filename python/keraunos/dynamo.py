@@ -320,14 +320,6 @@ class _RegionModule(torch.nn.Module):
         return self._region(*args)
 
 
-def _symbolic(x) -> bool:
-    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return True
-    if isinstance(x, torch.Tensor):
-        return any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride()))
-    return False
-
-
 class CompiledGraph:
     """What the backend returns for one Dynamo graph."""
 
@@ -339,19 +331,9 @@ class CompiledGraph:
         self.reason: str | None = None  # why the whole graph runs eagerly
         self.n_nodes = sum(1 for n in gm.graph.nodes if n.op not in ("placeholder", "output"))
         self._run = gm.forward
-        sym = [
-            n.name
-            for n in gm.graph.nodes
-            if n.op == "placeholder" and _symbolic(n.meta.get("example_value"))
-        ]
-        if sym or any(_symbolic(x) for x in example_inputs):
-            self.reason = (
-                "Dynamo passed symbolic shapes (dynamic=True or automatic dynamic shapes after "
-                f"a shape change; symbolic inputs: {', '.join(sym) or '?'}); keraunos compiles "
-                "static shapes only, so this graph runs eagerly. Use keraunos.compile(fn) or "
-                "torch.compile(fn, backend='keraunos', dynamic=False)."
-            )
-            return
+        # A graph with symbolic shapes (dynamic=True, or Dynamo's automatic dynamic shapes
+        # after a shape change) is compiled too: at each call its sizes arrive as ints, and
+        # keraunos.jit specializes on them (one keraunos compile per concrete signature).
         self._split()
 
     def _split(self):
