@@ -434,12 +434,14 @@ private:
 // The process's runtime: the documented kernel cache (DESIGN §1.5). Heap-allocated and never
 // destroyed, so no kernel library is dlclosed while the process exits (OpenMP worker threads
 // may still be parked in it).
+// Created on first use, so the environment is read then (tests set it before).
 std::mutex g_runtime_mu;
 std::shared_ptr<Runtime>* g_runtime = new std::shared_ptr<Runtime>();
+std::optional<std::string> g_search_override; // tests only (reset_cpu_runtime_for_testing)
 
 std::shared_ptr<Runtime> runtime() {
   std::lock_guard<std::mutex> g(g_runtime_mu);
-  if (!*g_runtime) *g_runtime = std::make_shared<Runtime>(std::nullopt);
+  if (!*g_runtime) *g_runtime = std::make_shared<Runtime>(g_search_override);
   return *g_runtime;
 }
 
@@ -536,8 +538,10 @@ CompilerInfo cpu_compiler_info() {
 CacheStats cpu_cache_stats() { return runtime()->stats(); }
 
 void reset_cpu_runtime_for_testing(std::optional<std::string> search_path) {
+  std::shared_ptr<Runtime> old; // released after the lock: it may dlclose libraries
   std::lock_guard<std::mutex> g(g_runtime_mu);
-  *g_runtime = std::make_shared<Runtime>(std::move(search_path));
+  g_search_override = std::move(search_path);
+  old = std::move(*g_runtime);
 }
 
 } // namespace keraunos::cpu

@@ -34,9 +34,11 @@ public:
 };
 
 struct CompileOptions {
-  // Passed in this order, before KERAUNOS_CXXFLAGS.
-  std::vector<std::string> flags{"-O3", "-march=native", "-fPIC", "-shared", "-std=c++17",
-                                 "-fopenmp"};
+  // Passed in this order, before KERAUNOS_CXXFLAGS. -ffp-contract=off: GCC fuses a * b + c
+  // into one FMA by default, even in ISO C++ mode, and its single rounding differs from eager's
+  // two (x * 3 + 1 came out 1 ulp off torch's); torch.compile's C++ backend turns it off too.
+  std::vector<std::string> flags{"-O3",         "-march=native", "-fPIC",   "-shared",
+                                 "-std=c++17", "-fopenmp",      "-ffp-contract=off"};
   // Those of `flags` dropped when the compiler rejects them (probed once per compiler).
   std::vector<std::string> optional_flags{"-march=native", "-fopenmp"};
   std::vector<std::string> extra_flags;
