@@ -63,8 +63,10 @@ struct CacheKeyInputs {
   std::string cpu;
 };
 
-// 32 lowercase hex digits. Bump the version string inside when the layout or the kernel ABI
-// changes.
+// 32 lowercase hex digits: FNV-1a 128 over these fields, each written as its length (8 bytes,
+// little-endian) then its bytes: "keraunos-cpu-cache-v1", compiler_path, compiler_identity, the
+// number of flags (decimal), each flag, cpu, source. Bump the version string when the layout or
+// the kernel ABI changes.
 std::string cache_key(const CacheKeyInputs& in);
 
 // The sidecar `<key>.meta`.
