@@ -53,6 +53,8 @@ PyType_Slot dispatcher_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(dispa
 
 } // namespace
 
+void bind_runtime(nb::module_& m); // bind_runtime.cpp
+
 NB_MODULE(_C, m) {
   m.doc() = "keraunos core (C++)";
   // Traces and proxies reachable from module globals at interpreter exit are not freed by
@@ -218,4 +220,6 @@ NB_MODULE(_C, m) {
       .def_prop_ro("misses", &py::Dispatcher::misses)
       .def_prop_ro("size", &py::Dispatcher::size)
       .def("clear", &py::Dispatcher::clear);
+
+  bind_runtime(m);
 }
