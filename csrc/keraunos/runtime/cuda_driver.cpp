@@ -110,8 +110,10 @@ std::pair<int, int> compute_capability(int device) {
   CUdevice dev = 0;
   check_cuda(d.cuDeviceGet(&dev, device), "cuDeviceGet");
   int major = 0, minor = 0;
-  check_cuda(d.cuDeviceGetAttribute(&major, kAttrComputeCapabilityMajor, dev), "cuDeviceGetAttribute");
-  check_cuda(d.cuDeviceGetAttribute(&minor, kAttrComputeCapabilityMinor, dev), "cuDeviceGetAttribute");
+  check_cuda(d.cuDeviceGetAttribute(&major, kAttrComputeCapabilityMajor, dev),
+             "cuDeviceGetAttribute");
+  check_cuda(d.cuDeviceGetAttribute(&minor, kAttrComputeCapabilityMinor, dev),
+             "cuDeviceGetAttribute");
   return {major, minor};
 }
 
@@ -129,12 +131,21 @@ void ensure_context(int device) {
 
 CudaModule::CudaModule(const std::string& cubin, int device) {
   ensure_context(device);
-  check_cuda(cuda_driver().cuModuleLoadData(&module_, cubin.data()), "cuModuleLoadData");
+  const CudaDriver& d = cuda_driver();
+  check_cuda(d.cuCtxGetCurrent(&context_), "cuCtxGetCurrent");
+  check_cuda(d.cuModuleLoadData(&module_, cubin.data()), "cuModuleLoadData");
 }
 
 CudaModule::~CudaModule() {
-  // Errors are ignored: at interpreter exit the driver may already be shut down.
-  if (module_) cuda_driver().cuModuleUnload(module_);
+  if (!module_) return;
+  // cuModuleUnload acts on the current context, which may be another device's by now. Errors
+  // are ignored: at interpreter exit the driver may already be shut down.
+  const CudaDriver& d = cuda_driver();
+  CUcontext current = nullptr;
+  if (d.cuCtxGetCurrent(&current) != kCudaSuccess) return;
+  if (current != context_) d.cuCtxSetCurrent(context_);
+  d.cuModuleUnload(module_);
+  if (current != context_) d.cuCtxSetCurrent(current);
 }
 
 CUfunction CudaModule::function(const std::string& name) const {

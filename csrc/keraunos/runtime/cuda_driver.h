@@ -79,6 +79,7 @@ public:
                             unsigned shared_mem, CUstream stream, const std::string& packed);
 
 private:
+  CUcontext context_ = nullptr;
   CUmodule module_ = nullptr;
 };
 

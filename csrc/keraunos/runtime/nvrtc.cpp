@@ -111,7 +111,8 @@ std::vector<std::string> candidates(const std::vector<std::string>& search_dirs)
   if (const char* lib = std::getenv("KERAUNOS_NVRTC_LIBRARY"); lib && *lib) return {lib};
   std::vector<std::string> dirs = search_dirs;
   for (const char* var : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char* home = std::getenv(var); home && *home) dirs.push_back(std::string(home) + "/lib64");
+    if (const char* home = std::getenv(var); home && *home)
+      dirs.push_back(std::string(home) + "/lib64");
   std::vector<std::string> out;
   for (const std::string& dir : dirs)
     for (const char* name : kNames) out.push_back(dir + "/" + name);
@@ -149,7 +150,10 @@ std::string numbered(const std::string& source) {
   std::ostringstream os;
   std::istringstream in(source);
   std::string line;
-  for (int n = 1; std::getline(in, line); ++n) os << (n < 10 ? "   " : n < 100 ? "  " : n < 1000 ? " " : "") << n << "  " << line << '\n';
+  for (int n = 1; std::getline(in, line); ++n) {
+    const std::string num = std::to_string(n);
+    os << std::string(num.size() < 4 ? 4 - num.size() : 0, ' ') << num << "  " << line << '\n';
+  }
   return os.str();
 }
 
@@ -199,16 +203,20 @@ NvrtcResult compile_cuda(const std::string& source, const std::string& name, int
   for (const std::string& o : options) argv.push_back(o.c_str());
 
   ProgramGuard guard{api};
-  nvrtcResult r = api.create_program(&guard.prog, source.c_str(), name.c_str(), 0, nullptr, nullptr);
-  KR_INTERNAL(r == kNvrtcSuccess, "nvrtcCreateProgram(", name, ") failed: ", api.get_error_string(r));
-  const nvrtcResult compiled = api.compile_program(guard.prog, static_cast<int>(argv.size()), argv.data());
+  nvrtcResult r =
+      api.create_program(&guard.prog, source.c_str(), name.c_str(), 0, nullptr, nullptr);
+  KR_INTERNAL(r == kNvrtcSuccess, "nvrtcCreateProgram(", name,
+              ") failed: ", api.get_error_string(r));
+  const nvrtcResult compiled =
+      api.compile_program(guard.prog, static_cast<int>(argv.size()), argv.data());
 
   NvrtcResult out;
   std::size_t log_size = 0;
   if (api.get_program_log_size(guard.prog, &log_size) == kNvrtcSuccess && log_size > 1) {
     out.log.resize(log_size);
     if (api.get_program_log(guard.prog, out.log.data()) != kNvrtcSuccess) out.log.clear();
-    while (!out.log.empty() && (out.log.back() == '\0' || out.log.back() == '\n')) out.log.pop_back();
+    while (!out.log.empty() && (out.log.back() == '\0' || out.log.back() == '\n'))
+      out.log.pop_back();
   }
   if (compiled != kNvrtcSuccess) {
     std::string opts;
