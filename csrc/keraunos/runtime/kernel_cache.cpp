@@ -159,8 +159,6 @@ std::string CacheKey::hex() const { return sha256_hex(material_); }
 
 fs::path default_cache_root() {
   if (const char* dir = std::getenv("KERAUNOS_CACHE_DIR"); dir && *dir) return fs::path(dir);
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
-    return fs::path(xdg) / "keraunos";
   if (const char* home = std::getenv("HOME"); home && *home)
     return fs::path(home) / ".cache" / "keraunos";
   return {};

@@ -3,7 +3,7 @@
 //
 // On-disk layout, shared by every kind of artifact:
 //   <root>/<kind>/<key><suffix>     e.g. ~/.cache/keraunos/cuda/3f9a...e1.cubin
-// where <root> is $KERAUNOS_CACHE_DIR, else $XDG_CACHE_HOME/keraunos, else ~/.cache/keraunos,
+// where <root> is $KERAUNOS_CACHE_DIR, else ~/.cache/keraunos (the CPU cache's root too),
 // and <key> is a hex digest (CacheKey). Each file is a 32-byte header and the payload:
 //   magic "KRNCACHE" | u32 format version | u32 reserved (0) | u64 payload length |
 //   u64 FNV-1a checksum of the payload        (integers little-endian)
@@ -45,8 +45,8 @@ private:
 std::string sha256_hex(std::string_view data);
 std::uint64_t fnv1a64(std::string_view data);
 
-// $KERAUNOS_CACHE_DIR, else $XDG_CACHE_HOME/keraunos, else $HOME/.cache/keraunos; empty when
-// none can be determined (the cache then stays in memory).
+// $KERAUNOS_CACHE_DIR, else $HOME/.cache/keraunos (as runtime/cpu_cache does: one root for
+// every backend); empty when neither is set (the cache then stays in memory).
 std::filesystem::path default_cache_root();
 
 class ArtifactCache {
