@@ -19,6 +19,16 @@ if ! "$VENV/bin/python" -c "import torch, nanobind, scikit_build_core, pytest, r
   "$VENV/bin/pip" install -q --disable-pip-version-check "$TORCH_SPEC" numpy \
     "nanobind>=2.0" "scikit-build-core>=0.10" cmake ninja pytest ruff
 fi
+# NVRTC, so that CI (no GPU) compiles the generated CUDA kernels; pinned, and on local disk
+# here. Optional: without it the NVRTC tests skip and say why. torch's CUDA builds bring their
+# own copy (nvidia-cuda-nvrtc, or -cu12 for CUDA 12), which is kept.
+if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ] &&
+   ! "$VENV/bin/pip" show -q nvidia-cuda-nvrtc >/dev/null 2>&1 &&
+   ! "$VENV/bin/pip" show -q nvidia-cuda-nvrtc-cu12 >/dev/null 2>&1; then
+  echo "[setup] installing nvidia-cuda-nvrtc==13.0.88"
+  "$VENV/bin/pip" install -q --disable-pip-version-check nvidia-cuda-nvrtc==13.0.88 ||
+    echo "[setup] warning: nvidia-cuda-nvrtc did not install; CUDA compilation tests will skip"
+fi
 echo "[setup] building keraunos"
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps "$root"
 echo "[setup] ready: $("$VENV/bin/python" -c 'import keraunos, torch; print("keraunos", keraunos.__version__, "torch", torch.__version__)')"

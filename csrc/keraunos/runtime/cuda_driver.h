@@ -1,0 +1,86 @@
+// The CUDA driver API, loaded at run time (dlopen libcuda.so.1): load CUBINs and launch their
+// kernels on the streams torch gives us. Used only on GPU machines; elsewhere
+// cuda_driver_available() says why not, and nothing else is called.
+//
+// We declare the few driver types ourselves (no CUDA headers: keraunos builds without CUDA).
+// Contexts are the caller's: torch makes the device's primary context current on the threads
+// that use CUDA; ensure_context() makes it current on a thread that has none yet.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "keraunos/runtime/nvrtc.h" // Availability
+
+namespace keraunos::runtime {
+
+using CUresult = int; // CUDA_SUCCESS is 0
+using CUdevice = int;
+struct CUctx_st;
+struct CUmod_st;
+struct CUfunc_st;
+struct CUstream_st;
+using CUcontext = CUctx_st*;
+using CUmodule = CUmod_st*;
+using CUfunction = CUfunc_st*;
+using CUstream = CUstream_st*;
+
+// The driver entry points keraunos uses.
+struct CudaDriver {
+  int version = 0; // cuDriverGetVersion, e.g. 13000
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuDriverGetVersion)(int*);
+  CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDeviceGetCount)(int*);
+  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*cuCtxGetCurrent)(CUcontext*);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*);
+  CUresult (*cuModuleUnload)(CUmodule);
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void**, void**);
+  CUresult (*cuGetErrorString)(CUresult, const char**);
+};
+
+// Loads libcuda.so.1 and runs cuInit(0) on first use; false with the reason when there is no
+// driver or no device. Never throws.
+Availability cuda_driver_available();
+
+// The loaded driver; a user RuntimeError with the reason when unavailable.
+const CudaDriver& cuda_driver();
+
+// Throws a RuntimeError naming `what` and the driver's message when `r` is not CUDA_SUCCESS.
+void check_cuda(CUresult r, const char* what);
+
+// {major, minor} compute capability of `device` (e.g. {9, 0} on an H100/H200).
+std::pair<int, int> compute_capability(int device);
+
+// Makes `device`'s primary context current on this thread when none is (torch uses the primary
+// context, so modules loaded here are usable on torch's streams).
+void ensure_context(int device);
+
+// A loaded CUBIN; unloaded when destroyed (in the context it was loaded in).
+class CudaModule {
+public:
+  CudaModule(const std::string& cubin, int device);
+  ~CudaModule();
+  CudaModule(const CudaModule&) = delete;
+  CudaModule& operator=(const CudaModule&) = delete;
+
+  CUfunction function(const std::string& name) const;
+  // `params`: one pointer per kernel parameter, to its value (cuLaunchKernel's kernelParams).
+  static void launch(CUfunction f, const unsigned grid[3], const unsigned block[3],
+                     unsigned shared_mem, CUstream stream, void** params);
+  // The same with the arguments packed into one buffer, laid out like the kernel's parameter
+  // list (each at its natural alignment) — how Python passes them (struct.pack).
+  static void launch_packed(CUfunction f, const unsigned grid[3], const unsigned block[3],
+                            unsigned shared_mem, CUstream stream, const std::string& packed);
+
+private:
+  CUcontext context_ = nullptr;
+  CUmodule module_ = nullptr;
+};
+
+} // namespace keraunos::runtime
