@@ -147,7 +147,13 @@ def test_arange(args):
     "args", [(5,), (1, 9, 2), (0.5, 2.7), (0, 5.9), (0, 1, 0.5), (0, 5, 0.3), (4, 0, -1)]
 )
 def test_arange_dtype(dtype, args):
+    fractional_step = len(args) == 3 and abs(args[2]) < 1
+    if fractional_step and not dtype.is_floating_point and _TORCH < (2, 13):
+        pytest.skip("eager torch < 2.13 divides by the truncated step (SIGFPE)")
     check(lambda: torch.arange(*args, dtype=dtype))
+
+
+_TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def test_arange_kwargs_and_errors():
@@ -159,7 +165,8 @@ def test_arange_kwargs_and_errors():
     check(lambda: torch.arange(0, 1, 0.0))
     check(lambda: torch.arange(0, -1, 1))
     check(lambda: torch.arange(0, float("inf")))
-    check(lambda: torch.arange(0, 2.5, 0.5, dtype=torch.int64))  # ValueError in eager
+    if _TORCH >= (2, 13):  # older eager divides by the truncated step (SIGFPE)
+        check(lambda: torch.arange(0, 2.5, 0.5, dtype=torch.int64))  # ValueError in eager
     check(lambda: torch.arange(3, dtype=torch.bool))  # NotImplementedError in eager
     with pytest.raises(RuntimeError, match="step must be nonzero"):
         keraunos.jit(lambda: torch.arange(0, 1, 0))()
