@@ -277,9 +277,8 @@ Arg impl_lerp(Builder& b, const Arg::List& a) {
   auto hi = p2(b, OpId::prim_sub, e, Arg(p2(b, OpId::prim_mul, Arg(diff), one_minus_w)));
   TensorRef out;
   if (w.is_tensor()) {
-    auto m = p2(b, OpId::prim_lt, w, num(0.5));
     auto wabs = p1(b, OpId::prim_abs, w);
-    m = p2(b, OpId::prim_lt, Arg(wabs), num(0.5));
+    auto m = p2(b, OpId::prim_lt, Arg(wabs), num(0.5));
     out = p3(b, OpId::prim_where, Arg(m), Arg(lo), Arg(hi));
   } else {
     out = std::abs(w.as_double()) < 0.5 ? lo : hi;

@@ -1,5 +1,7 @@
 #include "keraunos/runtime/kernel_cache.h"
 
+#include "keraunos/runtime/cpu_cache.h" // the one FNV-1a of the project
+
 #include <array>
 #include <cerrno>
 #include <cstdlib>
@@ -138,14 +140,6 @@ std::string sha256_hex(std::string_view data) {
   return out;
 }
 
-std::uint64_t fnv1a64(std::string_view data) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : data) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 CacheKey& CacheKey::add(std::string_view part) {
   put_u64(material_, part.size());
@@ -178,7 +172,7 @@ std::string ArtifactCache::encode(std::string_view payload) {
   put_u32(out, kFormatVersion);
   put_u32(out, 0);
   put_u64(out, payload.size());
-  put_u64(out, fnv1a64(payload));
+  put_u64(out, cpu::fnv1a64(payload));
   out.append(payload);
   return out;
 }
@@ -189,7 +183,7 @@ std::optional<std::string> ArtifactCache::decode(std::string_view file) {
   const std::uint64_t length = get_le(file, 16, 8);
   if (length != file.size() - kHeaderSize) return std::nullopt; // truncated or trailing bytes
   std::string_view payload = file.substr(kHeaderSize);
-  if (fnv1a64(payload) != get_le(file, 24, 8)) return std::nullopt;
+  if (cpu::fnv1a64(payload) != get_le(file, 24, 8)) return std::nullopt;
   return std::string(payload);
 }
 

@@ -43,7 +43,6 @@ private:
 };
 
 std::string sha256_hex(std::string_view data);
-std::uint64_t fnv1a64(std::string_view data);
 
 // $KERAUNOS_CACHE_DIR, else $HOME/.cache/keraunos (as runtime/cpu_cache does: one root for
 // every backend); empty when neither is set (the cache then stays in memory).
