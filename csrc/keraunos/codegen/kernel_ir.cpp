@@ -1,0 +1,191 @@
+#include "keraunos/codegen/kernel_ir.h"
+
+#include "keraunos/ir/error.h"
+
+#include <sstream>
+
+namespace keraunos::kir {
+
+DType compute_dtype(DType storage) {
+  switch (storage) {
+  case DType::Float16:
+  case DType::BFloat16:
+    return DType::Float32;
+  case DType::Bool:
+  case DType::UInt8:
+  case DType::Int8:
+  case DType::Int16:
+  case DType::Int32:
+  case DType::Int64:
+  case DType::Float32:
+  case DType::Float64:
+    return storage;
+  }
+  KR_INTERNAL(false, "compute_dtype: bad dtype");
+  return storage;
+}
+
+const char* ctype(DType d) {
+  switch (d) {
+  case DType::Bool:
+    return "bool";
+  case DType::UInt8:
+    return "uint8_t";
+  case DType::Int8:
+    return "int8_t";
+  case DType::Int16:
+    return "int16_t";
+  case DType::Int32:
+    return "int32_t";
+  case DType::Int64:
+    return "int64_t";
+  case DType::Float16:
+  case DType::BFloat16:
+    return "uint16_t"; // storage only; computed in float
+  case DType::Float32:
+    return "float";
+  case DType::Float64:
+    return "double";
+  }
+  KR_INTERNAL(false, "ctype: bad dtype");
+  return "";
+}
+
+int64_t Index::coef(const std::string& var) const {
+  for (const auto& [v, c] : terms)
+    if (v == var) return c;
+  return 0;
+}
+
+std::string Index::str() const {
+  std::ostringstream os;
+  bool first = true;
+  for (const auto& [v, c] : terms) {
+    if (!first) os << " + ";
+    first = false;
+    if (c == 1)
+      os << v;
+    else
+      os << c << " * " << v;
+  }
+  if (!opaque.empty()) {
+    if (!first) os << " + ";
+    first = false;
+    os << opaque;
+  }
+  if (constant != 0 || first) {
+    if (!first) os << " + ";
+    os << constant;
+  }
+  return os.str();
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+  case ReduceOp::Sum:
+    return "sum";
+  case ReduceOp::Prod:
+    return "prod";
+  case ReduceOp::Max:
+    return "max";
+  case ReduceOp::Min:
+    return "min";
+  }
+  return "?";
+}
+
+Stmt Stmt::of(Loop l) {
+  Stmt s{Kind::Loop};
+  s.loop = std::make_shared<Loop>(std::move(l));
+  return s;
+}
+Stmt Stmt::of(Load l) {
+  Stmt s{Kind::Load};
+  s.load = std::move(l);
+  return s;
+}
+Stmt Stmt::of(Let l) {
+  Stmt s{Kind::Let};
+  s.let = std::move(l);
+  return s;
+}
+Stmt Stmt::of(AccInit a) {
+  Stmt s{Kind::AccInit};
+  s.acc = std::move(a);
+  return s;
+}
+Stmt Stmt::of(AccUpdate u) {
+  Stmt s{Kind::AccUpdate};
+  s.update = std::move(u);
+  return s;
+}
+Stmt Stmt::of(Store st) {
+  Stmt s{Kind::Store};
+  s.store = std::move(st);
+  return s;
+}
+
+int Kernel::num_inputs() const {
+  int n = 0;
+  for (const auto& b : buffers) n += !b.output;
+  return n;
+}
+
+namespace {
+const char* loop_kind(LoopKind k) {
+  switch (k) {
+  case LoopKind::Parallel:
+    return "parallel";
+  case LoopKind::Reduce:
+    return "reduce";
+  case LoopKind::Inner:
+    return "inner";
+  }
+  return "?";
+}
+
+void print(std::ostringstream& os, const Kernel& k, const Block& b, int depth) {
+  std::string pad(2 * depth, ' ');
+  for (const auto& s : b) {
+    switch (s.kind) {
+    case Stmt::Kind::Loop:
+      os << pad << loop_kind(s.loop->kind) << " " << s.loop->var << " < " << s.loop->extent
+         << ":\n";
+      print(os, k, s.loop->body, depth + 1);
+      break;
+    case Stmt::Kind::Load:
+      os << pad << s.load.var << " = load " << k.buffers.at(s.load.buffer).name << "["
+         << s.load.index.str() << "]\n";
+      break;
+    case Stmt::Kind::Let:
+      os << pad << "let " << s.let.var << " = " << s.let.expr << "\n";
+      break;
+    case Stmt::Kind::AccInit:
+      os << pad << "acc " << s.acc.var << " " << reduce_op_name(s.acc.op) << "\n";
+      break;
+    case Stmt::Kind::AccUpdate:
+      os << pad << "update " << s.update.var << " " << reduce_op_name(s.update.op) << " "
+         << s.update.value << "\n";
+      break;
+    case Stmt::Kind::Store:
+      os << pad << "store " << k.buffers.at(s.store.buffer).name << "[" << s.store.index.str()
+         << "] = " << s.store.value << "\n";
+      break;
+    }
+  }
+}
+} // namespace
+
+std::string Kernel::str() const {
+  std::ostringstream os;
+  os << "kernel " << name << "(";
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const auto& b = buffers[i];
+    os << (i ? ", " : "") << b.name << ": " << dtype_short(b.dtype) << shape_str(b.shape);
+  }
+  os << "):\n";
+  print(os, *this, body, 1);
+  return os.str();
+}
+
+} // namespace keraunos::kir
