@@ -95,32 +95,38 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 Stmt Stmt::of(Loop l) {
-  Stmt s{Kind::Loop};
+  Stmt s;
+  s.kind = Kind::Loop;
   s.loop = std::make_shared<Loop>(std::move(l));
   return s;
 }
 Stmt Stmt::of(Load l) {
-  Stmt s{Kind::Load};
+  Stmt s;
+  s.kind = Kind::Load;
   s.load = std::move(l);
   return s;
 }
 Stmt Stmt::of(Let l) {
-  Stmt s{Kind::Let};
+  Stmt s;
+  s.kind = Kind::Let;
   s.let = std::move(l);
   return s;
 }
 Stmt Stmt::of(AccInit a) {
-  Stmt s{Kind::AccInit};
+  Stmt s;
+  s.kind = Kind::AccInit;
   s.acc = std::move(a);
   return s;
 }
 Stmt Stmt::of(AccUpdate u) {
-  Stmt s{Kind::AccUpdate};
+  Stmt s;
+  s.kind = Kind::AccUpdate;
   s.update = std::move(u);
   return s;
 }
 Stmt Stmt::of(Store st) {
-  Stmt s{Kind::Store};
+  Stmt s;
+  s.kind = Kind::Store;
   s.store = std::move(st);
   return s;
 }

@@ -126,7 +126,8 @@ struct Store {
 };
 
 struct Stmt {
-  enum class Kind : uint8_t { Loop, Load, Let, AccInit, AccUpdate, Store } kind;
+  enum class Kind : uint8_t { Loop, Load, Let, AccInit, AccUpdate, Store };
+  Kind kind = Kind::Let;
   // Exactly one of these is set, by kind (a variant would do; this keeps printing simple).
   std::shared_ptr<Loop> loop;
   Load load;
