@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import warnings
 
 import torch
 import torch.utils._pytree as pytree
@@ -21,16 +22,21 @@ _DUMP = {s.strip() for s in os.environ.get("KERAUNOS_DUMP", "").split(",") if s.
 
 
 class ProgramTrace:
-    """The final stage: the trace printed as the Python function the torch executor runs."""
+    """The final stage: the program the executors run, printed as Python (kernel calls by
+    name; `kernels` holds the kernel objects, each with its kernel IR and generated source)."""
 
-    def __init__(self, trace, source: str, ms: float):
+    def __init__(self, trace, source: str, ms: float, kernels=()):
         self.trace = trace
         self.source = source
-        self.stage = "torch executor"
+        self.kernels = list(kernels)
+        self.stage = "fusion executors" if self.kernels else "torch executor"
         self.ms = ms
 
     def __str__(self):
-        return f"# Constructed by torch executor ({self.ms:.3f} ms)\n{self.source}"
+        s = f"# Constructed by {self.stage} ({self.ms:.3f} ms)\n"
+        for k in self.kernels:
+            s += "\n".join("# " + line for line in k.ir.splitlines()) + "\n"
+        return s + self.source
 
     __repr__ = __str__
 
@@ -55,12 +61,40 @@ def _program_globals():
     return _PROGRAM_GLOBALS
 
 
-def build_program(trace, name="program", prims=False):
-    """Python source of `trace` run by torch, and the function it defines."""
+_warned_no_compiler = False
+
+
+def _fusion_default() -> bool:
+    return os.environ.get("KERAUNOS_FUSION", "1") not in ("", "0")
+
+
+def build_program(trace, name="program", prims=False, fusion=False, kernels_out=None):
+    """Python source of `trace` and the function it defines. With `fusion`, regions on CPU
+    tensors become generated kernels (the program calls them by name; `kernels_out`, a list,
+    receives the kernel objects); without a C++ compiler, a warning and torch runs them."""
+    global _warned_no_compiler
     if prims:
         trace = trace.flatten_to_prims()
-    src = trace.torch_program(name)
+    kernels = []
+    src = None
+    if fusion:
+        try:
+            src, kernels = _C.fused_program(trace, name, True, False)
+        except _C.CpuCompilerUnavailable as e:
+            if not _warned_no_compiler:
+                _warned_no_compiler = True
+                warnings.warn(
+                    f"keraunos: no usable C++ compiler ({e}); fusion regions run through torch",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+    if src is None:
+        src = trace.torch_program(name)
     ns = dict(_program_globals())
+    for k in kernels:
+        ns[k.name] = k
+    if kernels_out is not None:
+        kernels_out.extend(kernels)
     exec(compile(src, f"<keraunos {name}>", "exec"), ns)
     return src, ns[name]
 
@@ -93,7 +127,7 @@ class Stats:
 class JittedFunction(_C.Dispatcher):
     """The callable `keraunos.jit(fn)` returns. Calls go straight to the C++ dispatcher."""
 
-    def __init__(self, fn, fusion_type="consecutive"):
+    def __init__(self, fn, fusion_type="consecutive", fusion=None):
         if fusion_type not in ("consecutive", "dataflow"):
             raise ValueError(
                 f"fusion_type must be 'consecutive' or 'dataflow', got {fusion_type!r}"
@@ -101,6 +135,7 @@ class JittedFunction(_C.Dispatcher):
         super().__init__(torch.Tensor, self._compile)
         self._fn = fn
         self._fusion_type = fusion_type
+        self._fusion = _fusion_default() if fusion is None else bool(fusion)
         self._traces = None
         self._stats = Stats()
         functools.update_wrapper(self, fn, updated=())
@@ -157,9 +192,10 @@ class JittedFunction(_C.Dispatcher):
         acquired.ms = acquire_ms
         traces = _C.run_pipeline(acquired, self._fusion_type, _VERIFY, default_float)
         t_cg = time.perf_counter()
-        src, program = build_program(traces[-1])
+        kernels = []
+        src, program = build_program(traces[-1], fusion=self._fusion, kernels_out=kernels)
         cg_ms = (time.perf_counter() - t_cg) * 1e3
-        self._traces = [*traces, ProgramTrace(traces[-1], src, cg_ms)]
+        self._traces = [*traces, ProgramTrace(traces[-1], src, cg_ms, kernels)]
         st = self._stats
         st.compiles += 1
         st.last_pass_ms = {"acquire": acquire_ms}
@@ -183,9 +219,9 @@ def _unflatten(spec, flat):
 class JittedModule:
     """keraunos.jit(module): parameters and buffers are inputs of the trace."""
 
-    def __init__(self, module: torch.nn.Module, fusion_type="consecutive"):
+    def __init__(self, module: torch.nn.Module, fusion_type="consecutive", fusion=None):
         self.module = module
-        self._jf = JittedFunction(self._forward, fusion_type)
+        self._jf = JittedFunction(self._forward, fusion_type, fusion)
         self._names = None
 
     def _forward(self, params, buffers, training, *args, **kwargs):
@@ -215,19 +251,21 @@ class JittedModule:
         return getattr(self.module, name)
 
 
-def jit(fn=None, *, fusion_type: str = "consecutive"):
+def jit(fn=None, *, fusion_type: str = "consecutive", fusion: bool | None = None):
     """Compiles `fn` (a function or an nn.Module) on its first call for each input signature.
 
     fusion_type: "consecutive" fuses runs of adjacent fusible ops in program order;
     "dataflow" may merge any fusible neighbours whose merge creates no cycle.
+    fusion: generate kernels for fusion regions (default: on, unless KERAUNOS_FUSION=0);
+    False runs every region through torch.
     """
     if fn is None:
-        return functools.partial(jit, fusion_type=fusion_type)
+        return functools.partial(jit, fusion_type=fusion_type, fusion=fusion)
     if isinstance(fn, torch.nn.Module):
-        return JittedModule(fn, fusion_type)
+        return JittedModule(fn, fusion_type, fusion)
     if not callable(fn):
         raise TypeError(f"keraunos.jit expects a function or an nn.Module, got {type(fn).__name__}")
-    return JittedFunction(fn, fusion_type)
+    return JittedFunction(fn, fusion_type, fusion)
 
 
 def _jitted(jf) -> JittedFunction:

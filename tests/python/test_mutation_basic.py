@@ -177,7 +177,7 @@ def test_bug_report_inplace_on_input(fusion_type):
     jf = check(f, x, fusion_type=fusion_type)
     y = x.clone()
     assert jf(y) is None
-    torch.testing.assert_close(y, x.sin(), rtol=0, atol=0)
+    torch.testing.assert_close(y, x.sin())  # a fused sin may differ from eager's in the last bit
     _last_lines_are_returns(jf)
 
 
@@ -194,7 +194,7 @@ def test_bug_report_inplace_through_view(fusion_type):
     jf = check(f, x, fusion_type=fusion_type)
     y = x.clone()
     assert jf(y) is None
-    torch.testing.assert_close(y, x.sin(), rtol=0, atol=0)
+    torch.testing.assert_close(y, x.sin())  # a fused sin may differ from eager's in the last bit
     _last_lines_are_returns(jf)
 
 

@@ -149,6 +149,9 @@ struct Kernel {
   std::vector<Buffer> buffers; // inputs first, then outputs
   Block body;                  // starts with the Parallel loops (none for a 0-d output)
   DeviceType device = DeviceType::CPU;
+  // False when an output is written into memory an input buffer also points to (a reinplaced
+  // epilogue write reads and writes the same elements): backends then drop `__restrict__`.
+  bool noalias = true;
 
   int num_inputs() const;
   // Readable listing (the format of the example above); tests compare it.

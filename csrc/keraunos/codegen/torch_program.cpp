@@ -30,6 +30,12 @@ std::string torch_program(const Trace& trace, const std::string& name) {
   return os.str();
 }
 
+std::string torch_statement(const BoundSymbol& b) {
+  std::ostringstream os;
+  emit(os, b);
+  return os.str();
+}
+
 namespace {
 void emit(std::ostringstream& os, const BoundSymbol& b) {
   {

@@ -10,4 +10,7 @@ namespace keraunos {
 // Source of `def <name>(<inputs>): ...` running the trace's top-level symbols through torch.
 std::string torch_program(const Trace& trace, const std::string& name = "program");
 
+// One top-level symbol as indented program lines (a region prints its members).
+std::string torch_statement(const BoundSymbol& b);
+
 } // namespace keraunos

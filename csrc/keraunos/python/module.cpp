@@ -55,6 +55,7 @@ PyType_Slot dispatcher_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(dispa
 
 void bind_cpu(nb::module_& m);     // bind_cpu.cpp
 void bind_runtime(nb::module_& m); // bind_runtime.cpp
+void bind_fusion(nb::module_& m);  // bind_fusion.cpp
 
 NB_MODULE(_C, m) {
   m.doc() = "keraunos core (C++)";
@@ -223,5 +224,6 @@ NB_MODULE(_C, m) {
       .def("clear", &py::Dispatcher::clear);
 
   bind_cpu(m);
+  bind_fusion(m);
   bind_runtime(m);
 }

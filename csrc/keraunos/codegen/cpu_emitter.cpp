@@ -1,0 +1,244 @@
+#include "keraunos/codegen/cpu_emitter.h"
+
+#include "keraunos/codegen/embedded.h"
+#include "keraunos/ir/error.h"
+
+#include <sstream>
+#include <unordered_map>
+
+namespace keraunos::codegen {
+
+namespace {
+
+// Work (loop iterations, reductions included) below which threads cost more than they save.
+constexpr int64_t kParallelWork = 1 << 15;
+
+std::string storage_ctype(DType d) { return kir::ctype(d); }
+
+std::string load_expr(const kir::Kernel& k, const kir::Load& l) {
+  const kir::Buffer& b = k.buffers.at(l.buffer);
+  std::string e = b.name + "[" + l.index.str() + "]";
+  if (b.dtype == DType::Float16) return "kr_h2f(" + e + ")";
+  if (b.dtype == DType::BFloat16) return "kr_bf2f(" + e + ")";
+  return "(" + std::string(kir::ctype(l.dtype)) + ")" + e;
+}
+
+std::string store_expr(const kir::Buffer& b, const std::string& v) {
+  if (b.dtype == DType::Float16) return "kr_f2h(" + v + ")";
+  if (b.dtype == DType::BFloat16) return "kr_f2bf(" + v + ")";
+  return "(" + storage_ctype(b.dtype) + ")(" + v + ")";
+}
+
+std::string identity(kir::ReduceOp op, DType d) {
+  const char* c = kir::ctype(d);
+  switch (op) {
+  case kir::ReduceOp::Sum:
+    return is_bool(d) ? "false" : std::string("(") + c + ")0";
+  case kir::ReduceOp::Prod:
+    return is_bool(d) ? "true" : std::string("(") + c + ")1";
+  case kir::ReduceOp::Max:
+    if (d == DType::Float64) return "(-kr_inf_d())";
+    if (is_float(d)) return "(-kr_inf_f())";
+    if (is_bool(d)) return "false";
+    return std::string("std::numeric_limits<") + c + ">::lowest()";
+  case kir::ReduceOp::Min:
+    if (d == DType::Float64) return "kr_inf_d()";
+    if (is_float(d)) return "kr_inf_f()";
+    if (is_bool(d)) return "true";
+    return std::string("std::numeric_limits<") + c + ">::max()";
+  }
+  return "";
+}
+
+std::string combine(kir::ReduceOp op, const std::string& a, const std::string& b, DType d) {
+  switch (op) {
+  case kir::ReduceOp::Sum:
+    return is_bool(d) ? a + " || " + b : a + " + " + b;
+  case kir::ReduceOp::Prod:
+    return is_bool(d) ? a + " && " + b : a + " * " + b;
+  case kir::ReduceOp::Max:
+    return "kr_maximum(" + a + ", " + b + ")";
+  case kir::ReduceOp::Min:
+    return "kr_minimum(" + a + ", " + b + ")";
+  }
+  return "";
+}
+
+int64_t work(const kir::Block& b) {
+  int64_t w = 0;
+  for (const auto& s : b)
+    if (s.kind == kir::Stmt::Kind::Loop)
+      w += s.loop->extent * std::max<int64_t>(1, work(s.loop->body));
+  return w;
+}
+
+bool has_loop(const kir::Block& b) {
+  for (const auto& s : b)
+    if (s.kind == kir::Stmt::Kind::Loop) return true;
+  return false;
+}
+
+class Printer {
+public:
+  explicit Printer(const kir::Kernel& k) : k_(k) {}
+
+  std::string run() {
+    os_ << "extern \"C\" void " << k_.name << "(void** ptrs, const int64_t* args) {\n";
+    os_ << "  (void)args;\n";
+    for (size_t i = 0; i < k_.buffers.size(); ++i) {
+      const auto& b = k_.buffers[i];
+      std::string t = storage_ctype(b.dtype);
+      os_ << "  " << (b.output ? "" : "const ") << t << "* __restrict__ " << b.name << " = ("
+          << (b.output ? "" : "const ") << t << "*)ptrs[" << i << "];\n";
+    }
+    block(k_.body, 1, true);
+    os_ << "}\n";
+    return os_.str();
+  }
+
+private:
+  // Accumulators updated in a Reduce loop's body (directly, not in nested loops).
+  static void updated(const kir::Block& b, std::vector<const kir::AccUpdate*>& out) {
+    for (const auto& s : b) {
+      if (s.kind == kir::Stmt::Kind::AccUpdate) out.push_back(&s.update);
+      if (s.kind == kir::Stmt::Kind::Loop && s.loop->kind == kir::LoopKind::Reduce)
+        updated(s.loop->body, out);
+    }
+  }
+
+  void block(const kir::Block& b, int depth, bool top) {
+    std::string pad(2 * depth, ' ');
+    for (const auto& s : b) {
+      switch (s.kind) {
+      case kir::Stmt::Kind::Loop: {
+        const kir::Loop& l = *s.loop;
+        bool innermost = !has_loop(l.body);
+        bool threaded_child = false;
+        if (top && l.kind == kir::LoopKind::Parallel && collapse_left_ == 0) {
+          // Thread the perfectly nested parallel loops (collapsed) when there is enough work.
+          int collapse = 1;
+          const kir::Loop* c = &l;
+          while (c->body.size() == 1 && c->body[0].kind == kir::Stmt::Kind::Loop &&
+                 c->body[0].loop->kind == kir::LoopKind::Parallel &&
+                 has_loop(c->body[0].loop->body)) {
+            c = c->body[0].loop.get();
+            ++collapse;
+          }
+          if (work(b) >= kParallelWork) {
+            os_ << pad << "#pragma omp parallel for" << (innermost ? " simd" : "")
+                << " schedule(static)";
+            if (collapse > 1) os_ << " collapse(" << collapse << ")";
+            os_ << "\n";
+            collapse_left_ = collapse - 1;
+            threaded_child = collapse_left_ > 0;
+          } else if (innermost) {
+            simd_pragma(l, pad);
+          }
+        } else if (top && collapse_left_ > 0) {
+          --collapse_left_;
+          threaded_child = collapse_left_ > 0;
+        } else if (innermost) {
+          simd_pragma(l, pad);
+        }
+        os_ << pad << "for (int64_t " << l.var << " = 0; " << l.var << " < " << l.extent << "; ++"
+            << l.var << ") {\n";
+        block(l.body, depth + 1, threaded_child);
+        os_ << pad << "}\n";
+        break;
+      }
+      case kir::Stmt::Kind::Load:
+        os_ << pad << "const " << kir::ctype(s.load.dtype) << " " << s.load.var << " = "
+            << load_expr(k_, s.load) << ";\n";
+        break;
+      case kir::Stmt::Kind::Let:
+        os_ << pad << "const " << kir::ctype(s.let.dtype) << " " << s.let.var << " = "
+            << s.let.expr << ";\n";
+        break;
+      case kir::Stmt::Kind::AccInit:
+        acc_dtype_[s.acc.var] = s.acc.dtype;
+        os_ << pad << kir::ctype(s.acc.dtype) << " " << s.acc.var << " = "
+            << identity(s.acc.op, s.acc.dtype) << ";\n";
+        break;
+      case kir::Stmt::Kind::AccUpdate:
+        os_ << pad << s.update.var << " = "
+            << combine(s.update.op, s.update.var, s.update.value, acc_dtype_.at(s.update.var))
+            << ";\n";
+        break;
+      case kir::Stmt::Kind::Store: {
+        const auto& buf = k_.buffers.at(s.store.buffer);
+        os_ << pad << buf.name << "[" << s.store.index.str() << "] = " << store_expr(buf, s.store.value)
+            << ";\n";
+        break;
+      }
+      }
+    }
+  }
+
+  void simd_pragma(const kir::Loop& l, const std::string& pad) {
+    if (l.kind != kir::LoopKind::Reduce) {
+      os_ << pad << "#pragma omp simd\n";
+      return;
+    }
+    std::vector<const kir::AccUpdate*> ups;
+    updated(l.body, ups);
+    // Sums and products vectorize with OpenMP's reductions (reassociation is what eager's
+    // vectorized reductions do too); max/min propagate NaN, so they use our own combiners.
+    std::ostringstream clauses;
+    for (const auto* u : ups) {
+      DType d = acc_dtype_.at(u->var);
+      if (is_bool(d)) return; // no simd for logical reductions
+      switch (u->op) {
+      case kir::ReduceOp::Sum:
+        clauses << " reduction(+:" << u->var << ")";
+        break;
+      case kir::ReduceOp::Prod:
+        clauses << " reduction(*:" << u->var << ")";
+        break;
+      case kir::ReduceOp::Max:
+        clauses << " reduction(kr_max_" << kir::ctype(d) << ":" << u->var << ")";
+        break;
+      case kir::ReduceOp::Min:
+        clauses << " reduction(kr_min_" << kir::ctype(d) << ":" << u->var << ")";
+        break;
+      }
+    }
+    os_ << pad << "#pragma omp simd" << clauses.str() << "\n";
+  }
+
+  const kir::Kernel& k_;
+  std::ostringstream os_;
+  std::unordered_map<std::string, DType> acc_dtype_;
+  int collapse_left_ = 0; // nested loops still part of the current OpenMP collapse
+};
+
+// OpenMP reductions for NaN-propagating max/min, one per compute type.
+std::string declare_reductions() {
+  std::ostringstream os;
+  const char* types[] = {"float", "double", "int8_t", "uint8_t", "int16_t", "int32_t", "int64_t"};
+  for (const char* t : types) {
+    std::string lo = std::string("std::numeric_limits<") + t + ">::lowest()";
+    std::string hi = std::string("std::numeric_limits<") + t + ">::max()";
+    if (std::string(t) == "float") lo = "(-kr_inf_f())", hi = "kr_inf_f()";
+    if (std::string(t) == "double") lo = "(-kr_inf_d())", hi = "kr_inf_d()";
+    os << "#pragma omp declare reduction(kr_max_" << t << " : " << t
+       << " : omp_out = kr_maximum(omp_out, omp_in)) initializer(omp_priv = " << lo << ")\n";
+    os << "#pragma omp declare reduction(kr_min_" << t << " : " << t
+       << " : omp_out = kr_minimum(omp_out, omp_in)) initializer(omp_priv = " << hi << ")\n";
+  }
+  return os.str();
+}
+
+} // namespace
+
+std::string emit_cpu_kernel(const kir::Kernel& k) { return Printer(k).run(); }
+
+std::string emit_cpu_source(const std::vector<const kir::Kernel*>& kernels) {
+  std::ostringstream os;
+  os << "// Generated by keraunos (CPU fusion executor).\n";
+  os << embedded_file("kr_cpu.h") << "\n#include <limits>\n";
+  os << declare_reductions() << "\n";
+  for (const auto* k : kernels) os << emit_cpu_kernel(*k) << "\n";
+  return os.str();
+}
+
+} // namespace keraunos::codegen

@@ -1,0 +1,210 @@
+#include "keraunos/codegen/fused_program.h"
+
+#include "keraunos/codegen/torch_program.h"
+#include "keraunos/ir/error.h"
+#include "keraunos/passes/partition.h"
+
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace keraunos::codegen {
+
+namespace {
+
+void flatten(const BoundSymbol& b, std::vector<BoundSymbol>& out) {
+  if (b.def().is_prim() || b.subsymbols.empty()) {
+    BoundSymbol c = b;
+    c.subsymbols.clear();
+    out.push_back(std::move(c));
+    return;
+  }
+  for (const auto& s : b.subsymbols) flatten(s, out);
+}
+
+std::optional<Device> device_of(const BoundSymbol& b) {
+  for (const auto& t : b.outputs()) return t->device;
+  for (const auto& t : b.inputs()) return t->device;
+  return std::nullopt;
+}
+
+// A program statement after lowering.
+struct PStep {
+  int kernel = -1;                  // index into FusedProgram::kernels
+  const BoundSymbol* bsym = nullptr; // a top-level symbol or a region's prim, run by torch
+  BoundSymbol owned;                 // the prim itself, when it comes from a region
+  bool is_owned = false;
+  bool dropped = false; // an epilogue copy fused into its kernel
+};
+
+std::vector<TensorRef> step_inputs(const PStep& s, const FusedProgram& fp) {
+  if (s.kernel >= 0) return fp.kernels[s.kernel].inputs;
+  return (s.is_owned ? s.owned : *s.bsym).inputs();
+}
+
+// Fuses `copy_(x, t)` into the kernel that computes t when that kernel reads x only at the
+// element it writes and nothing after it reads x or t.
+void reinplace(std::vector<PStep>& steps, FusedProgram& fp, const Trace& trace) {
+  std::unordered_map<const TensorProxy*, std::pair<int, int>> made_by; // value -> (step, output)
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (steps[i].kernel >= 0) {
+      const auto& kc = fp.kernels[steps[i].kernel];
+      for (size_t j = 0; j < kc.outputs.size(); ++j)
+        made_by[kc.outputs[j].get()] = {static_cast<int>(i), static_cast<int>(j)};
+    }
+  std::unordered_map<int64_t, int> inputs_per_storage;
+  for (const auto& t : trace.inputs) ++inputs_per_storage[t->storage_id];
+  std::vector<TensorRef> returned;
+  trace.output().collect_tensors(returned);
+  std::unordered_set<const TensorProxy*> returned_set;
+  for (const auto& t : returned) returned_set.insert(t.get());
+
+  for (size_t c = 0; c < steps.size(); ++c) {
+    if (steps[c].kernel >= 0 || steps[c].is_owned || steps[c].bsym->op != OpId::prim_copy_)
+      continue;
+    const BoundSymbol& cp = *steps[c].bsym;
+    const TensorRef& x = cp.args[0].tensor();
+    if (!cp.args[1].is_tensor()) continue;
+    const TensorRef& t = cp.args[1].tensor();
+    auto it = made_by.find(t.get());
+    if (it == made_by.end()) continue;
+    auto [ks, j] = it->second;
+    KernelCall& kc = fp.kernels[steps[ks].kernel];
+    if (t->dtype != x->dtype || t->shape != x->shape || returned_set.count(t.get())) continue;
+    if (inputs_per_storage[x->storage_id] != 1) continue;
+    const kir::Buffer& ob = kc.kernel.buffers[kc.kernel.num_inputs() + j];
+    if (ob.strides != x->strides) continue;
+    // Nothing after the kernel reads x or t (but this copy).
+    bool read_later = false;
+    for (size_t s = ks + 1; s < steps.size() && !read_later; ++s) {
+      if (s == c || steps[s].dropped) continue;
+      // `return x` reads x after the epilogue write anyway.
+      if (steps[s].kernel < 0 && !steps[s].is_owned && steps[s].bsym->def().has(tags::Ret))
+        continue;
+      for (const auto& in : step_inputs(steps[s], fp))
+        if (in.get() == x.get() || in.get() == t.get()) read_later = true;
+    }
+    if (read_later) continue;
+    // The kernel is pointwise and reads x only at the index it writes t.
+    std::string store_index;
+    bool ok = true;
+    int xbuf = -1;
+    for (size_t b = 0; b < kc.inputs.size(); ++b)
+      if (kc.inputs[b].get() == x.get()) xbuf = static_cast<int>(b);
+    std::function<void(const kir::Block&)> scan = [&](const kir::Block& blk) {
+      for (const auto& s : blk) {
+        if (s.kind == kir::Stmt::Kind::Loop) {
+          if (s.loop->kind == kir::LoopKind::Reduce && xbuf >= 0) ok = false;
+          scan(s.loop->body);
+        } else if (s.kind == kir::Stmt::Kind::Store &&
+                   s.store.buffer == kc.kernel.num_inputs() + j) {
+          store_index = s.store.index.str();
+        }
+      }
+    };
+    scan(kc.kernel.body);
+    std::function<void(const kir::Block&)> loads = [&](const kir::Block& blk) {
+      for (const auto& s : blk) {
+        if (s.kind == kir::Stmt::Kind::Loop) loads(s.loop->body);
+        if (s.kind == kir::Stmt::Kind::Load && s.load.buffer == xbuf &&
+            s.load.index.str() != store_index)
+          ok = false;
+      }
+    };
+    if (xbuf >= 0) loads(kc.kernel.body);
+    if (!ok || store_index.empty()) continue;
+    kc.write_into[j] = x;
+    if (xbuf >= 0) kc.kernel.noalias = false;
+    steps[c].dropped = true;
+  }
+}
+
+std::string names(const std::vector<TensorRef>& ts) {
+  std::string s;
+  for (const auto& t : ts) s += t->name + ", ";
+  return s;
+}
+
+} // namespace
+
+FusedProgram fused_program(const Trace& trace, const std::string& name, const FusionOptions& opt) {
+  FusedProgram fp;
+  std::vector<TensorRef> returned;
+  trace.output().collect_tensors(returned);
+  std::vector<PStep> steps;
+  int region = 0;
+  for (const auto& b : trace.bsyms) {
+    const OpDef& d = b.def();
+    bool region_like = d.has(tags::F) || (!d.has(tags::Ret) && fusible(b, returned));
+    auto dev = device_of(b);
+    bool claim = region_like && dev &&
+                 ((dev->type == DeviceType::CPU && opt.cpu) ||
+                  (dev->type == DeviceType::CUDA && opt.cuda));
+    std::vector<BoundSymbol> prims;
+    if (claim) {
+      if (d.has(tags::F)) {
+        for (const auto& m : b.subsymbols) flatten(m, prims);
+      } else {
+        flatten(b, prims);
+      }
+      // Only regions that compute: a lone view or reshape stays a (free) torch view. A lone
+      // symbol is claimed only when a kernel computes all of it (else torch runs it whole).
+      bool computes = false, all = true;
+      for (const auto& p : prims) {
+        bool ks = kernel_supports(p);
+        all = all && ks;
+        if (p.def().has(tags::E | tags::R) && p.op != OpId::prim_restride && ks) computes = true;
+      }
+      claim = computes && (d.has(tags::F) || all);
+    }
+    if (!claim) {
+      PStep s;
+      s.bsym = &b;
+      steps.push_back(std::move(s));
+      continue;
+    }
+    std::vector<TensorRef> needed = b.outputs();
+    LoweredRegion lr =
+        lower_region(prims, needed, dev->type, "k" + std::to_string(region++) + "_");
+    int base = static_cast<int>(fp.kernels.size());
+    for (auto& k : lr.kernels) fp.kernels.push_back(std::move(k));
+    for (auto& st : lr.steps) {
+      PStep s;
+      if (st.kernel >= 0) {
+        s.kernel = base + st.kernel;
+      } else {
+        s.owned = std::move(st.bsym);
+        s.is_owned = true;
+      }
+      steps.push_back(std::move(s));
+    }
+  }
+  reinplace(steps, fp, trace);
+
+  std::ostringstream os;
+  os << "def " << name << "(";
+  for (size_t i = 0; i < trace.inputs.size(); ++i) os << (i ? ", " : "") << trace.inputs[i]->name;
+  os << "):\n";
+  for (const auto& s : steps) {
+    if (s.dropped) continue;
+    if (s.kernel >= 0) {
+      const KernelCall& kc = fp.kernels[s.kernel];
+      std::vector<TensorRef> fresh, into;
+      for (size_t j = 0; j < kc.outputs.size(); ++j)
+        (kc.write_into[j] ? into : fresh).push_back(kc.write_into[j] ? kc.write_into[j] : kc.outputs[j]);
+      std::string args = names(kc.inputs) + names(into);
+      if (args.size() >= 2) args.resize(args.size() - 2);
+      os << "  ";
+      if (!fresh.empty()) os << names(fresh) << "= ";
+      os << kc.kernel.name << "(" << args << ")\n";
+      continue;
+    }
+    os << torch_statement(s.is_owned ? s.owned : *s.bsym);
+  }
+  fp.source = os.str();
+  return fp;
+}
+
+} // namespace keraunos::codegen

@@ -1,0 +1,50 @@
+// Lowering of fusion regions into kernels of the kernel IR (kernel_ir.h).
+//
+// A region's members, flattened to prims, are split into segments: maximal runs of prims a
+// kernel can compute, separated by prims that run through torch (indexing, random draws,
+// integer division, ...). Each segment becomes one or more kernels: the values read after the
+// segment are materialized, grouped by shape into loop nests; everything else is computed
+// inline at the index where it is needed (index remaps compose into the loads' indices),
+// reductions are placed at the outermost loop their index depends on (so softmax's max and
+// sum are computed once per row), and a reduction that would be recomputed (its result
+// broadcast along an outer loop) is materialized by an earlier kernel instead.
+#pragma once
+#include "keraunos/codegen/kernel_ir.h"
+#include "keraunos/ir/trace.h"
+
+#include <string>
+#include <vector>
+
+namespace keraunos::codegen {
+
+// One kernel of a lowered program and the program values it reads and defines.
+struct KernelCall {
+  kir::Kernel kernel;
+  std::vector<TensorRef> inputs;  // one per input buffer, in order
+  std::vector<TensorRef> outputs; // one per output buffer, in order
+  // Outputs written into an existing tensor instead of a new one (reinplaced epilogue
+  // writes): for each output, the program input it writes into, or nullptr.
+  std::vector<TensorRef> write_into;
+};
+
+// One statement of a lowered region: a kernel call or a prim run through torch.
+struct Step {
+  int kernel = -1;  // index into LoweredRegion::kernels, or -1
+  BoundSymbol bsym; // the prim, when kernel == -1
+};
+
+struct LoweredRegion {
+  std::vector<KernelCall> kernels;
+  std::vector<Step> steps;
+};
+
+// Whether a kernel can compute this prim (given its operand and result dtypes).
+bool kernel_supports(const BoundSymbol& prim);
+
+// Lowers `prims` (a region's members flattened to prims, in order); `needed` are the values
+// read after the region. Kernel names are `prefix` + a number.
+LoweredRegion lower_region(const std::vector<BoundSymbol>& prims,
+                           const std::vector<TensorRef>& needed, DeviceType device,
+                           const std::string& prefix);
+
+} // namespace keraunos::codegen

@@ -1,0 +1,216 @@
+// The fusion executors' Python face: `_C.fused_program(trace, ...)` lowers a partitioned trace,
+// compiles its kernels and returns the program source with one callable object per kernel.
+// A kernel object's call is the hot path: it reads its tensors through the Python C API
+// (data_ptr, stride), allocates its outputs with torch.empty_strided and runs the kernel with
+// the GIL released.
+#include "keraunos/codegen/cpu_emitter.h"
+#include "keraunos/codegen/fused_program.h"
+#include "keraunos/ir/error.h"
+#include "keraunos/runtime/cpu_compiler.h"
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <atomic>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using namespace keraunos;
+
+namespace {
+
+std::atomic<int64_t> g_relayouts{0};
+
+PyObject* intern(const char* s) { return PyUnicode_InternFromString(s); }
+
+struct Names {
+  PyObject *data_ptr = intern("data_ptr"), *stride = intern("stride");
+};
+const Names& names() {
+  static const Names n;
+  return n;
+}
+
+nb::tuple int_tuple(const Shape& s) {
+  nb::list l;
+  for (auto v : s) l.append(v);
+  return nb::tuple(l);
+}
+
+struct InputSpec {
+  Shape shape, strides;
+  nb::object dtype, device;
+  nb::tuple shape_t, strides_t;
+};
+
+struct OutputSpec {
+  nb::tuple shape, strides;
+  nb::object dtype, device;
+  bool into = false; // written into a tensor passed after the inputs
+};
+
+class FusedKernel {
+public:
+  std::string name, ir, source;
+  std::shared_ptr<cpu::CompiledLibrary> lib;
+  cpu::KernelFn fn = nullptr;
+  std::vector<InputSpec> inputs;
+  std::vector<OutputSpec> outputs;
+  nb::object empty_strided;
+  int64_t work = 0; // elements touched; small kernels keep the GIL
+
+  nb::object call(nb::args args) {
+    const size_t n_in = inputs.size();
+    size_t n_into = 0;
+    for (const auto& o : outputs) n_into += o.into;
+    KR_INTERNAL(args.size() == n_in + n_into, "kernel ", name, " called with ", args.size(),
+                " tensors, expected ", n_in + n_into);
+    const auto& nm = names();
+    void* small[16];
+    std::vector<void*> big;
+    void** ptrs = small;
+    if (n_in + outputs.size() > 16) {
+      big.resize(n_in + outputs.size());
+      ptrs = big.data();
+    }
+    std::vector<nb::object> keep; // relayouted inputs
+    for (size_t i = 0; i < n_in; ++i) {
+      PyObject* t = args[i].ptr();
+      const InputSpec& spec = inputs[i];
+      PyObject* st = PyObject_CallMethodNoArgs(t, nm.stride);
+      if (!st) throw nb::python_error();
+      bool same = PyTuple_GET_SIZE(st) == static_cast<Py_ssize_t>(spec.strides.size());
+      for (size_t d = 0; same && d < spec.strides.size(); ++d)
+        if (spec.shape[d] > 1 && PyLong_AsLongLong(PyTuple_GET_ITEM(st, d)) != spec.strides[d])
+          same = false;
+      Py_DECREF(st);
+      if (!same) {
+        // The tensor torch produced is laid out differently from what the trace inferred:
+        // copy it into the layout the kernel was generated for.
+        ++g_relayouts;
+        nb::object fresh = empty_strided(spec.shape_t, spec.strides_t, "dtype"_a = spec.dtype,
+                                         "device"_a = spec.device);
+        fresh.attr("copy_")(args[i]);
+        keep.push_back(fresh);
+        t = fresh.ptr();
+      }
+      PyObject* p = PyObject_CallMethodNoArgs(t, nm.data_ptr);
+      if (!p) throw nb::python_error();
+      ptrs[i] = reinterpret_cast<void*>(PyLong_AsUnsignedLongLong(p));
+      Py_DECREF(p);
+    }
+    std::vector<nb::object> outs;
+    size_t into_i = n_in;
+    nb::list fresh_outs;
+    for (size_t j = 0; j < outputs.size(); ++j) {
+      const OutputSpec& o = outputs[j];
+      nb::object t;
+      if (o.into) {
+        t = nb::borrow(args[into_i++]);
+      } else {
+        t = empty_strided(o.shape, o.strides, "dtype"_a = o.dtype, "device"_a = o.device);
+        fresh_outs.append(t);
+      }
+      PyObject* p = PyObject_CallMethodNoArgs(t.ptr(), nm.data_ptr);
+      if (!p) throw nb::python_error();
+      ptrs[n_in + j] = reinterpret_cast<void*>(PyLong_AsUnsignedLongLong(p));
+      Py_DECREF(p);
+    }
+    if (work > (1 << 14)) {
+      nb::gil_scoped_release release;
+      fn(ptrs, nullptr);
+    } else {
+      fn(ptrs, nullptr);
+    }
+    return nb::tuple(fresh_outs);
+  }
+};
+
+nb::object torch_dtype(nb::handle torch, DType d) {
+  return torch.attr(std::string(dtype_name(d)).c_str());
+}
+
+nb::object torch_device(nb::handle torch, const Device& d) {
+  if (d.type == DeviceType::CPU) return torch.attr("device")("cpu");
+  return torch.attr("device")("cuda", d.index);
+}
+
+int64_t kernel_work(const codegen::KernelCall& kc) {
+  int64_t w = 0;
+  for (const auto& t : kc.inputs) w += t->numel();
+  for (const auto& t : kc.outputs) w += t->numel();
+  return w;
+}
+
+} // namespace
+
+void bind_fusion(nb::module_& m) {
+  nb::class_<FusedKernel>(m, "FusedKernel")
+      .def_ro("name", &FusedKernel::name)
+      .def_ro("ir", &FusedKernel::ir)
+      .def_ro("source", &FusedKernel::source)
+      .def("__call__", &FusedKernel::call)
+      .def("__repr__", [](const FusedKernel& k) { return "<keraunos kernel " + k.name + ">"; });
+
+  m.def("_relayout_count", []() { return g_relayouts.load(); });
+
+  // Returns (source, [FusedKernel]) for `trace` with CPU (and, later, CUDA) regions claimed.
+  m.def(
+      "fused_program",
+      [](const Trace& trace, const std::string& name, bool cpu_fusion, bool cuda_fusion) {
+        codegen::FusionOptions opt;
+        opt.cpu = cpu_fusion;
+        opt.cuda = cuda_fusion;
+        codegen::FusedProgram fp = codegen::fused_program(trace, name, opt);
+        nb::module_ torch = nb::module_::import_("torch");
+        nb::object empty_strided = torch.attr("empty_strided");
+        std::vector<const kir::Kernel*> cpu_kernels;
+        for (const auto& kc : fp.kernels) {
+          KR_INTERNAL(kc.kernel.device == DeviceType::CPU,
+                      "CUDA fusion kernels are not wired to the program yet");
+          cpu_kernels.push_back(&kc.kernel);
+        }
+        std::shared_ptr<cpu::CompiledLibrary> lib;
+        std::string src;
+        if (!cpu_kernels.empty()) {
+          src = codegen::emit_cpu_source(cpu_kernels);
+          nb::gil_scoped_release release;
+          lib = cpu::compile_and_load(src);
+        }
+        nb::list objs;
+        for (const auto& kc : fp.kernels) {
+          auto* k = new FusedKernel();
+          k->name = kc.kernel.name;
+          k->ir = kc.kernel.str();
+          k->source = codegen::emit_cpu_kernel(kc.kernel);
+          k->lib = lib;
+          k->fn = lib->kernel(kc.kernel.name);
+          k->empty_strided = empty_strided;
+          k->work = kernel_work(kc);
+          for (size_t i = 0; i < kc.inputs.size(); ++i) {
+            InputSpec s;
+            s.shape = kc.inputs[i]->shape;
+            s.strides = kc.kernel.buffers[i].strides;
+            s.shape_t = int_tuple(s.shape);
+            s.strides_t = int_tuple(s.strides);
+            s.dtype = torch_dtype(torch, kc.inputs[i]->dtype);
+            s.device = torch_device(torch, kc.inputs[i]->device);
+            k->inputs.push_back(std::move(s));
+          }
+          for (size_t j = 0; j < kc.outputs.size(); ++j) {
+            const auto& b = kc.kernel.buffers[kc.inputs.size() + j];
+            OutputSpec o;
+            o.shape = int_tuple(b.shape);
+            o.strides = int_tuple(b.strides);
+            o.dtype = torch_dtype(torch, b.dtype);
+            o.device = torch_device(torch, kc.outputs[j]->device);
+            o.into = kc.write_into[j] != nullptr;
+            k->outputs.push_back(std::move(o));
+          }
+          objs.append(nb::cast(k, nb::rv_policy::take_ownership));
+        }
+        return nb::make_tuple(fp.source, objs);
+      },
+      "trace"_a, "name"_a, "cpu"_a = true, "cuda"_a = false);
+}
