@@ -292,7 +292,13 @@ static inline float kr_tanh(float x) {
 }
 static inline double kr_tanh(double x) { return std::tanh(x); }
 
-static inline float kr_sigmoid(float x) { return 1.0f / (1.0f + kr_exp(-x)); }
+// 1 / (1 + exp(-x)) for x >= 0; exp(x) / (1 + exp(x)) below, which stays accurate where the
+// result is tiny (eager's float32 kernel returns 0 below about -88.7; both are within tolerance).
+static inline float kr_sigmoid(float x) {
+  float e = kr_exp(-std::fabs(x));
+  float r = 1.0f / (1.0f + e);
+  return x >= 0.0f ? r : e * r;
+}
 static inline double kr_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 static inline float kr_erf(float x) {
