@@ -53,9 +53,10 @@ PyType_Slot dispatcher_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(dispa
 
 } // namespace
 
-void bind_cpu(nb::module_& m);     // bind_cpu.cpp
-void bind_runtime(nb::module_& m); // bind_runtime.cpp
-void bind_fusion(nb::module_& m);  // bind_fusion.cpp
+void bind_cpu(nb::module_& m);      // bind_cpu.cpp
+void bind_embedded(nb::module_& m); // bind_embedded.cpp
+void bind_fusion(nb::module_& m);   // bind_fusion.cpp
+void bind_runtime(nb::module_& m);  // bind_runtime.cpp
 
 NB_MODULE(_C, m) {
   m.doc() = "keraunos core (C++)";
@@ -224,6 +225,7 @@ NB_MODULE(_C, m) {
       .def("clear", &py::Dispatcher::clear);
 
   bind_cpu(m);
+  bind_embedded(m);
   bind_fusion(m);
   bind_runtime(m);
 }
