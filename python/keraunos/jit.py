@@ -193,7 +193,14 @@ class JittedFunction(_C.Dispatcher):
         traces = _C.run_pipeline(acquired, self._fusion_type, _VERIFY, default_float)
         t_cg = time.perf_counter()
         kernels = []
-        src, program = build_program(traces[-1], fusion=self._fusion, kernels_out=kernels)
+        # Generated kernels have no backward: a program that autograd must record (grad mode
+        # on and an input that requires grad) runs through torch. The dispatcher's cache key
+        # includes grad mode.
+        fusion = self._fusion and not (
+            torch.is_grad_enabled()
+            and any(getattr(t, "requires_grad", False) for t in (*tensors, *tracer.lifted))
+        )
+        src, program = build_program(traces[-1], fusion=fusion, kernels_out=kernels)
         cg_ms = (time.perf_counter() - t_cg) * 1e3
         self._traces = [*traces, ProgramTrace(traces[-1], src, cg_ms, kernels)]
         st = self._stats

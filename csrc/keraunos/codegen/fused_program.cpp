@@ -145,7 +145,21 @@ FusedProgram fused_program(const Trace& trace, const std::string& name, const Fu
     std::vector<BoundSymbol> prims;
     if (claim) {
       if (d.has(tags::F)) {
-        for (const auto& m : b.subsymbols) flatten(m, prims);
+        // A member a kernel cannot compute whole runs through torch as itself (torch.randn
+        // draws what eager draws; its prims would not).
+        for (const auto& m : b.subsymbols) {
+          std::vector<BoundSymbol> mp;
+          flatten(m, mp);
+          bool all = true;
+          for (const auto& p : mp) all = all && kernel_supports(p);
+          if (all) {
+            for (auto& p : mp) prims.push_back(std::move(p));
+          } else {
+            BoundSymbol whole = m;
+            whole.subsymbols.clear();
+            prims.push_back(std::move(whole));
+          }
+        }
       } else {
         flatten(b, prims);
       }

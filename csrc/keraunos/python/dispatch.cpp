@@ -174,6 +174,15 @@ nb::object Dispatcher::call(nb::args args, nb::kwargs kwargs) {
   key.ints.reserve(32);
   walk(args.ptr(), key, tensors, keep);
   if (kwargs.size() > 0) walk(kwargs.ptr(), key, tensors, keep);
+  // Grad mode: a program compiled without it may use kernels that autograd cannot see.
+  static PyObject* grad_enabled = [] {
+    nb::object f = nb::module_::import_("torch").attr("is_grad_enabled");
+    return f.release().ptr();
+  }();
+  PyObject* ge = PyObject_CallNoArgs(grad_enabled);
+  if (!ge) throw nb::python_error();
+  key.ints.push_back(ge == Py_True);
+  Py_DECREF(ge);
   std::vector<int64_t> groups;
   if (tensors.size() > 1) {
     groups = alias_groups(tensors);

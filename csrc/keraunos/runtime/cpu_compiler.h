@@ -37,8 +37,12 @@ struct CompileOptions {
   // Passed in this order, before KERAUNOS_CXXFLAGS. -ffp-contract=off: GCC fuses a * b + c
   // into one FMA by default, even in ISO C++ mode, and its single rounding differs from eager's
   // two (x * 3 + 1 came out 1 ulp off torch's); torch.compile's C++ backend turns it off too.
+  // -fno-trapping-math -fno-math-errno change no result in the default floating-point
+  // environment but let GCC vectorize the helpers' selects and sqrt; -fwrapv gives integer
+  // overflow eager's wrap-around.
   std::vector<std::string> flags{"-O3",         "-march=native", "-fPIC",   "-shared",
-                                 "-std=c++17", "-fopenmp",      "-ffp-contract=off"};
+                                 "-std=c++17", "-fopenmp",      "-ffp-contract=off",
+                                 "-fno-trapping-math", "-fno-math-errno", "-fwrapv"};
   // Those of `flags` dropped when the compiler rejects them (probed once per compiler).
   std::vector<std::string> optional_flags{"-march=native", "-fopenmp"};
   std::vector<std::string> extra_flags;
