@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import keraunos
-from keraunos.testing import FUSED_FLOAT_TOLERANCE
 from harness import check
+from keraunos.testing import FUSED_FLOAT_TOLERANCE
 
 
 def test_cache_hits_and_recompiles():
