@@ -56,7 +56,8 @@ TEST(CudaEmitter, PointwiseGeluIsGridStrideAndVectorized) {
   EXPECT_TRUE(has(src, "kr_store_vec<float, 4>(out0 + 16384 * i0 + kr_vb, kr_st3)")) << src;
   EXPECT_TRUE(has(src, "kr_i < 67108864u")) << "a quarter of the trips: " << src;
   EXPECT_EQ(s.launch.block[0], 256u);
-  EXPECT_EQ(s.launch.grid[0], 132u * 8);
+  EXPECT_EQ(s.launch.grid[0], 1u << 20); // one trip per thread
+  EXPECT_EQ(s.launch_vec.grid[0], 1u << 18);
   EXPECT_EQ(s.launch.work, uint64_t{1} << 28);
   EXPECT_EQ(s.launch_vec.work, uint64_t{1} << 26);
   EXPECT_COMPILES(k);
@@ -132,14 +133,14 @@ TEST(CudaEmitter, RowReductionIsBlockPerRow) {
   const CudaKernelSource s = emit_cuda(k, kH200);
   EXPECT_EQ(s.schedule, "block");
   EXPECT_EQ(s.entry_vec, "");
-  EXPECT_EQ(s.launch.block[0], 1024u);
+  EXPECT_EQ(s.launch.block[0], 512u);
   EXPECT_EQ(s.launch.grid[0], 4096u);
   const std::string src = kernels(s);
   EXPECT_TRUE(has(src, "__shared__ long long kr_smem[32];")) << src;
-  EXPECT_TRUE(has(src, "const unsigned kr_r = kr_tid + (unsigned)kr_k * 1024u;")) << src;
-  EXPECT_TRUE(has(src, "a0 = kr_block_allreduce<KR_SUM, 1024, float>(a0, kr_smem);")) << src;
+  EXPECT_TRUE(has(src, "const unsigned kr_r = kr_tid + (unsigned)kr_k * 512u;")) << src;
+  EXPECT_TRUE(has(src, "a0 = kr_block_allreduce<KR_SUM, 512, float>(a0, kr_smem);")) << src;
   EXPECT_TRUE(has(src, "if (kr_tid == 0) out0[i0] = (float)(v1);")) << src;
-  EXPECT_FALSE(has(src, "kr_r < 8192u")) << "8192 is a multiple of 1024: no guard";
+  EXPECT_FALSE(has(src, "kr_r < 8192u")) << "8192 is a multiple of 512: no guard";
   EXPECT_COMPILES(k);
 }
 
@@ -148,11 +149,11 @@ TEST(CudaEmitter, SoftmaxKeepsTheRowInRegisters) {
   const CudaKernelSource s = emit_cuda(k, kH200);
   EXPECT_EQ(s.schedule, "block");
   const std::string src = s.source.substr(s.source.find("extern \"C\""));
-  EXPECT_TRUE(has(src, "float kr_c0[8];")) << src;
+  EXPECT_TRUE(has(src, "float kr_c0[16];")) << src;
   EXPECT_TRUE(has(src, "kr_c0[kr_k] = v0;")) << src;
   EXPECT_TRUE(has(src, "const float v1 = kr_c0[kr_k];")) << src;
   EXPECT_TRUE(has(src, "const float v3 = kr_c0[kr_k];")) << src;
-  EXPECT_TRUE(has(src, "a0 = kr_block_allreduce<KR_MAX, 1024, float>(a0, kr_smem);")) << src;
+  EXPECT_TRUE(has(src, "a0 = kr_block_allreduce<KR_MAX, 512, float>(a0, kr_smem);")) << src;
   // One read of in0 per element.
   size_t reads = 0;
   for (size_t p = src.find("in0["); p != std::string::npos; p = src.find("in0[", p + 1)) ++reads;
@@ -185,7 +186,7 @@ TEST(CudaEmitter, LayerNorm) {
   const Kernel k = layer_norm(16384, 8192);
   const CudaKernelSource s = emit_cuda(k, kH200);
   EXPECT_EQ(s.schedule, "block");
-  EXPECT_TRUE(has(kernels(s), "float kr_c0[8];")) << kernels(s);
+  EXPECT_TRUE(has(kernels(s), "float kr_c0[16];")) << kernels(s);
   EXPECT_COMPILES(k);
 }
 

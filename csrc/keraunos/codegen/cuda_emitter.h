@@ -7,15 +7,16 @@
 //
 // Schedules, chosen from the loop tree (kernel_ir.h):
 //   pointwise  the body is Parallel loops around straight-line code. The loops are flattened into
-//              one index over the product of their extents; a grid-stride loop over a grid sized
-//              to the machine. A second, vectorized entry handles VEC consecutive elements of the
+//              one index over the product of their extents; one trip per thread of a grid-stride
+//              loop (measured on an H200: a grid of one resident wave looping over the data
+//              reached 93% of a device copy's bandwidth, one trip per thread 100%). A second, vectorized entry handles VEC consecutive elements of the
 //              innermost loop per thread with 16-byte loads/stores when every access is unit-stride
 //              (or a broadcast) along it and alignment allows; launch it only when every buffer
 //              pointer is 16-byte aligned.
 //   thread     outer points whose Reduce/Inner loops are tiny (or read with a stride while the
 //              outer points are contiguous): one thread per outer point, loops run serially.
 //   warp       rows of <= 256 elements: one warp per outer point, four per block, warp shuffles.
-//   block      one block (128..1024 threads) per outer point; threads stride over Reduce and Inner
+//   block      one block (128..1024 threads: 8 to 16 elements per thread) per outer point; threads stride over Reduce and Inner
 //              loops, and accumulators are all-reduced (shuffles + shared memory) after each Reduce
 //              loop. When a row fits in registers (<= 16 values per thread), loads of one buffer at
 //              the same index in several loops of the row are read once and kept in registers.
@@ -39,9 +40,7 @@ struct CudaLaunch {
   unsigned grid[3] = {1, 1, 1};
   unsigned block[3] = {1, 1, 1};
   unsigned shared_mem = 0;
-  // For grid-stride kernels: the number of work items (one per thread per trip), so a launcher
-  // that knows the kernel's occupancy may resize grid[0] to
-  // min(ceil(work / threads per block), resident blocks); 0 when grid[0] must be kept.
+  // Grid-stride kernels: the number of work items (one per thread and trip); 0 for the others.
   uint64_t work = 0;
 };
 

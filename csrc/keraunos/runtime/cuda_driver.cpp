@@ -64,9 +64,6 @@ DriverState open_driver() {
   resolve(lib, "cuModuleGetFunction", d.cuModuleGetFunction, missing);
   resolve(lib, "cuLaunchKernel", d.cuLaunchKernel, missing);
   resolve(lib, "cuGetErrorString", d.cuGetErrorString, missing);
-  std::string optional_missing;
-  resolve(lib, "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-          d.cuOccupancyMaxActiveBlocksPerMultiprocessor, optional_missing);
   if (!missing.empty()) {
     s.reason = "libcuda.so.1 lacks " + missing + " (driver too old)";
     return s;

@@ -6,7 +6,6 @@
 // Contexts are the caller's: torch makes the device's primary context current on the threads
 // that use CUDA; ensure_context() makes it current on a thread that has none yet.
 #pragma once
-#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -43,8 +42,6 @@ struct CudaDriver {
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void**, void**);
   CUresult (*cuGetErrorString)(CUresult, const char**);
-  // Optional (nullptr when the driver lacks it): launchers then keep their static grid sizes.
-  CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, std::size_t);
 };
 
 // Loads libcuda.so.1 and runs cuInit(0) on first use; false with the reason when there is no

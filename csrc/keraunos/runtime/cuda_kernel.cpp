@@ -16,22 +16,6 @@ constexpr int kAttrMaxThreadsPerBlock = 1;       // CU_DEVICE_ATTRIBUTE_MAX_THRE
 constexpr int kAttrMaxSharedMemoryPerBlock = 8;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK
 constexpr int kAttrMultiprocessorCount = 16;     // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 
-// A grid-stride kernel's grid: as many blocks as fit on the device at once (one full wave, so
-// every thread does the same number of trips), but no more than the work needs.
-void fit_grid(codegen::CudaLaunch& l, CUfunction f, int sm_count) {
-  const CudaDriver& d = cuda_driver();
-  if (l.work == 0 || !d.cuOccupancyMaxActiveBlocksPerMultiprocessor) return;
-  const int threads = static_cast<int>(l.block[0] * l.block[1] * l.block[2]);
-  int per_sm = 0;
-  if (d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, threads, l.shared_mem) != 0 ||
-      per_sm <= 0)
-    return;
-  const uint64_t needed = (l.work + threads - 1) / threads;
-  const uint64_t resident = static_cast<uint64_t>(per_sm) * static_cast<uint64_t>(sm_count);
-  l.grid[0] = static_cast<unsigned>(std::clamp<uint64_t>(std::min(needed, resident), 1,
-                                                         0x7fffffffu));
-}
-
 int sm_arch(int major, int minor) { return major * 10 + minor; }
 
 } // namespace
@@ -67,8 +51,6 @@ std::shared_ptr<CompiledCudaKernel> compile_cuda_kernel(const kir::Kernel& k, in
   const std::string cubin = compile_cuda_cached(src.source, k.name, sm_arch(info.major, info.minor));
   auto compiled = std::make_shared<CompiledCudaKernel>(std::move(src), cubin, device,
                                                        static_cast<int>(k.buffers.size()));
-  fit_grid(compiled->launch_, compiled->fn_, info.sm_count);
-  if (compiled->fn_vec_) fit_grid(compiled->launch_vec_, compiled->fn_vec_, info.sm_count);
   return compiled;
 }
 

@@ -20,14 +20,12 @@ public:
   const codegen::CudaKernelSource& source() const { return source_; }
   int device() const { return device_; }
   int num_buffers() const { return num_buffers_; }
-  // The launch configurations actually used (grid-stride grids resized to the kernel's
-  // occupancy on this device).
+  // The launch configurations used.
   const codegen::CudaLaunch& launch_config() const { return launch_; }
   const codegen::CudaLaunch& launch_config_vec() const { return launch_vec_; }
 
 private:
   friend void launch(const CompiledCudaKernel&, void* const*, CUstream);
-  friend std::shared_ptr<CompiledCudaKernel> compile_cuda_kernel(const kir::Kernel&, int);
   codegen::CudaKernelSource source_;
   int device_;
   int num_buffers_;
