@@ -1,0 +1,241 @@
+// kr_cuda.cuh: the device helpers every generated CUDA kernel starts with (the CUDA emitter
+// pastes this text in front of its kernels, so NVRTC gets no include path and no CUDA header).
+//
+// The names match the CPU backend's kr_cpu.h: the kernel IR's expressions (kir::Let) call them
+// and both backends must agree on their meaning, which is eager PyTorch's:
+//   - math uses CUDA's accurate functions (expf, erff, tanhf, ...), never the __expf-style
+//     intrinsics; kernels are compiled without -use_fast_math.
+//   - kr_maximum / kr_minimum propagate NaN (torch.maximum, amax); kr_round is half to even;
+//     kr_remainder and kr_floor_divide are Python's floor-mod / floor-div on floats (ATen's
+//     div_floor_floating); kr_sign(NaN) is 0 like torch.sign.
+//   - float16 / bfloat16 live in buffers as uint16_t bits and compute in float: kr_h2f / kr_f2h
+//     and kr_bf2f / kr_f2bf convert, rounding to nearest even (bit-exact with c10).
+// Reductions: kr_identity / kr_combine by op (KR_SUM, ...), warp and block all-reduces that
+// leave the result in every participating thread.
+#ifndef KERAUNOS_KR_CUDA_CUH
+#define KERAUNOS_KR_CUDA_CUH
+
+// <cstdint> is not reachable without include paths; these match LP64 Linux (int64_t is long,
+// as on the host), so integer overloads resolve as they do in kr_cpu.h.
+typedef signed char int8_t;
+typedef short int16_t;
+typedef int int32_t;
+typedef long int64_t;
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long uint64_t;
+
+#define KR_DEVICE __device__ __forceinline__
+
+// ---------------------------------------------------------------------------------------------
+// Constants
+KR_DEVICE float kr_inf_f() { return __int_as_float(0x7f800000); }
+KR_DEVICE float kr_nan_f() { return __int_as_float(0x7fc00000); }
+KR_DEVICE double kr_inf_d() { return __longlong_as_double(0x7ff0000000000000LL); }
+KR_DEVICE double kr_nan_d() { return __longlong_as_double(0x7ff8000000000000LL); }
+
+// ---------------------------------------------------------------------------------------------
+// 16-bit floats held as uint16_t bits.
+KR_DEVICE float kr_h2f(uint16_t h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+KR_DEVICE uint16_t kr_f2h(float f) { // round to nearest even, NaN stays NaN
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+KR_DEVICE uint16_t kr_f2h(double d) { // one rounding, straight from double
+  uint16_t h;
+  asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(d));
+  return h;
+}
+KR_DEVICE float kr_bf2f(uint16_t b) { return __uint_as_float(static_cast<unsigned>(b) << 16); }
+KR_DEVICE uint16_t kr_f2bf(float f) { // c10::round_to_nearest_even, NaN -> 0x7FC0
+  if (f != f) return 0x7FC0;
+  const unsigned u = __float_as_uint(f);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+KR_DEVICE uint16_t kr_f2bf(double d) { return kr_f2bf(static_cast<float>(d)); }
+
+// ---------------------------------------------------------------------------------------------
+// Unary math, float and double.
+#define KR_UNARY(name, ff, df)                                                                   \
+  KR_DEVICE float name(float x) { return ff(x); }                                                \
+  KR_DEVICE double name(double x) { return df(x); }
+KR_UNARY(kr_exp, expf, exp)
+KR_UNARY(kr_exp2, exp2f, exp2)
+KR_UNARY(kr_log, logf, log)
+KR_UNARY(kr_log2, log2f, log2)
+KR_UNARY(kr_log1p, log1pf, log1p)
+KR_UNARY(kr_expm1, expm1f, expm1)
+KR_UNARY(kr_sin, sinf, sin)
+KR_UNARY(kr_cos, cosf, cos)
+KR_UNARY(kr_tan, tanf, tan)
+KR_UNARY(kr_tanh, tanhf, tanh)
+KR_UNARY(kr_sqrt, sqrtf, sqrt)
+KR_UNARY(kr_rsqrt, rsqrtf, rsqrt)
+KR_UNARY(kr_erf, erff, erf)
+KR_UNARY(kr_floor, floorf, floor)
+KR_UNARY(kr_ceil, ceilf, ceil)
+KR_UNARY(kr_round, rintf, rint) // rint: half to even in the default rounding mode
+KR_UNARY(kr_trunc, truncf, trunc)
+#undef KR_UNARY
+
+KR_DEVICE float kr_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+KR_DEVICE double kr_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+KR_DEVICE float kr_reciprocal(float x) { return 1.0f / x; }
+KR_DEVICE double kr_reciprocal(double x) { return 1.0 / x; }
+
+KR_DEVICE float kr_abs(float x) { return fabsf(x); }
+KR_DEVICE double kr_abs(double x) { return fabs(x); }
+template <class T> KR_DEVICE T kr_abs(T x) { return x < T(0) ? T(-x) : x; }
+KR_DEVICE bool kr_abs(bool x) { return x; }
+
+// (0 < x) - (x < 0): NaN -> 0, -0.0 -> 0, as torch.sign.
+template <class T> KR_DEVICE T kr_sign(T x) { return T((T(0) < x) - (x < T(0))); }
+KR_DEVICE bool kr_sign(bool x) { return x; }
+
+KR_DEVICE bool kr_isnan(float x) { return x != x; }
+KR_DEVICE bool kr_isnan(double x) { return x != x; }
+template <class T> KR_DEVICE bool kr_isnan(T) { return false; }
+KR_DEVICE bool kr_isinf(float x) { return fabsf(x) == kr_inf_f(); }
+KR_DEVICE bool kr_isinf(double x) { return fabs(x) == kr_inf_d(); }
+template <class T> KR_DEVICE bool kr_isinf(T) { return false; }
+
+// ---------------------------------------------------------------------------------------------
+// Binary math.
+KR_DEVICE float kr_pow(float a, float b) { return powf(a, b); }
+KR_DEVICE double kr_pow(double a, double b) { return pow(a, b); }
+
+// NaN-propagating like torch.maximum / torch.minimum (and amax / amin).
+KR_DEVICE float kr_maximum(float a, float b) { return (a != a || b != b) ? kr_nan_f() : fmaxf(a, b); }
+KR_DEVICE double kr_maximum(double a, double b) { return (a != a || b != b) ? kr_nan_d() : fmax(a, b); }
+KR_DEVICE float kr_minimum(float a, float b) { return (a != a || b != b) ? kr_nan_f() : fminf(a, b); }
+KR_DEVICE double kr_minimum(double a, double b) { return (a != a || b != b) ? kr_nan_d() : fmin(a, b); }
+template <class T> KR_DEVICE T kr_maximum(T a, T b) { return a < b ? b : a; }
+template <class T> KR_DEVICE T kr_minimum(T a, T b) { return b < a ? b : a; }
+
+KR_DEVICE float kr_fmod(float a, float b) { return fmodf(a, b); }
+KR_DEVICE double kr_fmod(double a, double b) { return fmod(a, b); }
+
+// Python's a % b on floats: the result takes the sign of b.
+template <class T> KR_DEVICE T kr_remainder_fp(T a, T b) {
+  T mod = fmod(a, b);
+  if (mod != T(0) && ((b < T(0)) != (mod < T(0)))) mod += b;
+  return mod;
+}
+KR_DEVICE float kr_remainder(float a, float b) { return kr_remainder_fp(a, b); }
+KR_DEVICE double kr_remainder(double a, double b) { return kr_remainder_fp(a, b); }
+
+// ATen's div_floor_floating.
+template <class T> KR_DEVICE T kr_floor_divide_fp(T a, T b) {
+  if (b == T(0)) return a / b;
+  const T mod = fmod(a, b);
+  T div = (a - mod) / b;
+  if (mod != T(0) && ((b < T(0)) != (mod < T(0)))) div -= T(1);
+  if (div != T(0)) {
+    T floordiv = floor(div);
+    if (div - floordiv > T(0.5)) floordiv += T(1);
+    return floordiv;
+  }
+  return copysign(T(0), a / b);
+}
+KR_DEVICE float kr_floor_divide(float a, float b) { return kr_floor_divide_fp(a, b); }
+KR_DEVICE double kr_floor_divide(double a, double b) { return kr_floor_divide_fp(a, b); }
+
+// ---------------------------------------------------------------------------------------------
+// Reductions. The op numbers follow kir::ReduceOp.
+#define KR_SUM 0
+#define KR_PROD 1
+#define KR_MAX 2
+#define KR_MIN 3
+
+template <class T> KR_DEVICE T kr_lowest();
+template <class T> KR_DEVICE T kr_highest();
+#define KR_LIMITS(T, lo, hi)                                                                     \
+  template <> KR_DEVICE T kr_lowest<T>() { return lo; }                                          \
+  template <> KR_DEVICE T kr_highest<T>() { return hi; }
+KR_LIMITS(float, -kr_inf_f(), kr_inf_f())
+KR_LIMITS(double, -kr_inf_d(), kr_inf_d())
+KR_LIMITS(bool, false, true)
+KR_LIMITS(uint8_t, 0, 255)
+KR_LIMITS(int8_t, -128, 127)
+KR_LIMITS(int16_t, -32768, 32767)
+KR_LIMITS(int32_t, -2147483647 - 1, 2147483647)
+KR_LIMITS(int64_t, -9223372036854775807L - 1, 9223372036854775807L)
+#undef KR_LIMITS
+
+template <int OP, class T> KR_DEVICE T kr_identity() {
+  if constexpr (OP == KR_SUM) return T(0);
+  else if constexpr (OP == KR_PROD) return T(1);
+  else if constexpr (OP == KR_MAX) return kr_lowest<T>();
+  else return kr_highest<T>();
+}
+
+template <int OP, class T> KR_DEVICE T kr_combine(T a, T b) {
+  if constexpr (OP == KR_SUM) return a + b;
+  else if constexpr (OP == KR_PROD) return a * b;
+  else if constexpr (OP == KR_MAX) return kr_maximum(a, b);
+  else return kr_minimum(a, b);
+}
+
+// Warp shuffles for every accumulator type (narrow integers and bool travel as int).
+KR_DEVICE float kr_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+KR_DEVICE double kr_shfl_xor(double v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+KR_DEVICE long kr_shfl_xor(long v, int m) {
+  return static_cast<long>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(v), m));
+}
+KR_DEVICE unsigned long kr_shfl_xor(unsigned long v, int m) {
+  return static_cast<unsigned long>(
+      __shfl_xor_sync(0xffffffffu, static_cast<unsigned long long>(v), m));
+}
+template <class T> KR_DEVICE T kr_shfl_xor(T v, int m) {
+  return static_cast<T>(__shfl_xor_sync(0xffffffffu, static_cast<int>(v), m));
+}
+
+// All-reduce over aligned groups of WIDTH lanes (a power of two <= 32) of a fully active warp.
+// The xor butterfly gives every lane the same bits (each step combines the same two values).
+template <int OP, int WIDTH, class T> KR_DEVICE T kr_warp_allreduce(T v) {
+#pragma unroll
+  for (int m = WIDTH / 2; m >= 1; m /= 2) v = kr_combine<OP, T>(v, kr_shfl_xor(v, m));
+  return v;
+}
+
+// All-reduce over a 1-d block of NT threads (a power of two, NT <= 1024); every thread gets the
+// result. `smem` holds 32 values of T (256 bytes cover every accumulator type). Every thread of
+// the block must call it. It starts with a barrier, so back-to-back calls may share `smem`.
+template <int OP, int NT, class T> KR_DEVICE T kr_block_allreduce(T v, void* smem) {
+  constexpr int kWarp = NT < 32 ? NT : 32;
+  v = kr_warp_allreduce<OP, kWarp, T>(v);
+  if constexpr (NT > 32) {
+    constexpr int kWarps = NT / 32;
+    T* partial = static_cast<T*>(smem);
+    const int lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) partial[threadIdx.x >> 5] = v;
+    __syncthreads();
+    // Every warp reduces all partials itself: the result reaches every thread without
+    // another barrier.
+    v = kr_warp_allreduce<OP, kWarps, T>(partial[lane & (kWarps - 1)]);
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vectorized access: N elements of T in one aligned load/store (16 bytes -> one 128-bit
+// instruction). The caller guarantees the address is a multiple of sizeof(T) * N.
+template <class T, int N> struct alignas(sizeof(T) * N) kr_vec {
+  T v[N];
+};
+template <class T, int N> KR_DEVICE kr_vec<T, N> kr_load_vec(const T* p) {
+  return *reinterpret_cast<const kr_vec<T, N>*>(p);
+}
+template <class T, int N> KR_DEVICE void kr_store_vec(T* p, const kr_vec<T, N>& v) {
+  *reinterpret_cast<kr_vec<T, N>*>(p) = v;
+}
+
+#undef KR_DEVICE
+#endif // KERAUNOS_KR_CUDA_CUH

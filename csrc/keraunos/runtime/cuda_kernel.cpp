@@ -1,0 +1,78 @@
+#include "keraunos/runtime/cuda_kernel.h"
+
+#include "keraunos/ir/error.h"
+#include "keraunos/runtime/nvrtc.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+namespace keraunos::runtime {
+
+namespace {
+
+constexpr int kAttrMaxThreadsPerBlock = 1;       // CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+constexpr int kAttrMaxSharedMemoryPerBlock = 8;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK
+constexpr int kAttrMultiprocessorCount = 16;     // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+
+int sm_arch(int major, int minor) { return major * 10 + minor; }
+
+} // namespace
+
+codegen::CudaDeviceInfo cuda_device_info(int device) {
+  const CudaDriver& d = cuda_driver();
+  CUdevice dev = 0;
+  check_cuda(d.cuDeviceGet(&dev, device), "cuDeviceGet");
+  codegen::CudaDeviceInfo info;
+  check_cuda(d.cuDeviceGetAttribute(&info.sm_count, kAttrMultiprocessorCount, dev),
+             "cuDeviceGetAttribute");
+  check_cuda(d.cuDeviceGetAttribute(&info.max_threads_per_block, kAttrMaxThreadsPerBlock, dev),
+             "cuDeviceGetAttribute");
+  check_cuda(
+      d.cuDeviceGetAttribute(&info.shared_mem_per_block, kAttrMaxSharedMemoryPerBlock, dev),
+      "cuDeviceGetAttribute");
+  std::tie(info.major, info.minor) = compute_capability(device);
+  return info;
+}
+
+CompiledCudaKernel::CompiledCudaKernel(codegen::CudaKernelSource source, const std::string& cubin,
+                                       int device, int num_buffers)
+    : source_(std::move(source)), device_(device), num_buffers_(num_buffers),
+      module_(std::make_unique<CudaModule>(cubin, device)), launch_(source_.launch),
+      launch_vec_(source_.launch_vec) {
+  fn_ = module_->function(source_.entry);
+  if (!source_.entry_vec.empty()) fn_vec_ = module_->function(source_.entry_vec);
+}
+
+std::shared_ptr<CompiledCudaKernel> compile_cuda_kernel(const kir::Kernel& k, int device) {
+  const codegen::CudaDeviceInfo info = cuda_device_info(device);
+  codegen::CudaKernelSource src = codegen::emit_cuda(k, info);
+  const std::string cubin = compile_cuda_cached(src.source, k.name, sm_arch(info.major, info.minor));
+  auto compiled = std::make_shared<CompiledCudaKernel>(std::move(src), cubin, device,
+                                                       static_cast<int>(k.buffers.size()));
+  return compiled;
+}
+
+void launch(const CompiledCudaKernel& k, void* const* buffer_ptrs, CUstream stream) {
+  std::vector<void*> params(static_cast<size_t>(k.num_buffers_));
+  bool aligned = true;
+  for (int i = 0; i < k.num_buffers_; ++i) {
+    params[i] = const_cast<void**>(&buffer_ptrs[i]);
+    aligned &= reinterpret_cast<std::uintptr_t>(buffer_ptrs[i]) % 16 == 0;
+  }
+  const bool vec = aligned && k.fn_vec_;
+  const codegen::CudaLaunch& l = vec ? k.launch_vec_ : k.launch_;
+  CudaModule::launch(vec ? k.fn_vec_ : k.fn_, l.grid, l.block, l.shared_mem, stream,
+                     params.data());
+}
+
+std::string compile_cuda_kernel_cubin_only(const kir::Kernel& k, int major, int minor) {
+  codegen::CudaDeviceInfo info;
+  info.major = major;
+  info.minor = minor;
+  const codegen::CudaKernelSource src = codegen::emit_cuda(k, info);
+  return compile_cuda(src.source, k.name, sm_arch(major, minor)).cubin;
+}
+
+} // namespace keraunos::runtime
