@@ -78,8 +78,12 @@ def build_program(trace, name="program", prims=False, fusion=False, kernels_out=
     kernels = []
     src = None
     if fusion:
+        from . import _cuda
+
+        _cuda.configure()  # where NVRTC is, for CUDA regions
+        check_cuda = os.environ.get("KERAUNOS_CHECK_CUDA_CODEGEN", "0") not in ("", "0")
         try:
-            src, kernels = _C.fused_program(trace, name, True, False)
+            src, kernels = _C.fused_program(trace, name, True, True, check_cuda)
         except _C.CpuCompilerUnavailable as e:
             if not _warned_no_compiler:
                 _warned_no_compiler = True

@@ -88,7 +88,8 @@ public:
     for (size_t i = 0; i < k_.buffers.size(); ++i) {
       const auto& b = k_.buffers[i];
       std::string t = storage_ctype(b.dtype);
-      os_ << "  " << (b.output ? "" : "const ") << t << "* __restrict__ " << b.name << " = ("
+      os_ << "  " << (b.output ? "" : "const ") << t << (k_.noalias ? "* __restrict__ " : "* ")
+          << b.name << " = ("
           << (b.output ? "" : "const ") << t << "*)ptrs[" << i << "];\n";
     }
     block(k_.body, 1, true);

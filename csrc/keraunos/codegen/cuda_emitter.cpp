@@ -271,8 +271,9 @@ struct Emitter {
     std::string p;
     for (const kir::Buffer& b : k.buffers) {
       if (!p.empty()) p += ", ";
-      p += std::string(b.output ? "" : "const ") + kir::ctype(b.dtype) + "* __restrict__ " +
-           b.name;
+      // No __restrict__ when an output shares memory with an input (reinplaced writes).
+      p += std::string(b.output ? "" : "const ") + kir::ctype(b.dtype) +
+           (k.noalias ? "* __restrict__ " : "* ") + b.name;
     }
     return p;
   }

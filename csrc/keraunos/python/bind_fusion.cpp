@@ -7,6 +7,8 @@
 #include "keraunos/codegen/fused_program.h"
 #include "keraunos/ir/error.h"
 #include "keraunos/runtime/cpu_compiler.h"
+#include "keraunos/runtime/cuda_kernel.h"
+#include "keraunos/runtime/nvrtc.h"
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -55,6 +57,9 @@ public:
   std::string name, ir, source;
   std::shared_ptr<cpu::CompiledLibrary> lib;
   cpu::KernelFn fn = nullptr;
+  std::shared_ptr<runtime::CompiledCudaKernel> cuda; // set for CUDA kernels
+  int cuda_device = -1;
+  nb::object current_stream; // torch._C._cuda_getCurrentRawStream
   std::vector<InputSpec> inputs;
   std::vector<OutputSpec> outputs;
   nb::object empty_strided;
@@ -117,7 +122,17 @@ public:
       ptrs[n_in + j] = reinterpret_cast<void*>(PyLong_AsUnsignedLongLong(p));
       Py_DECREF(p);
     }
-    if (work > (1 << 14)) {
+    if (cuda) {
+      // torch's current stream on the kernel's device (an int handle).
+      PyObject* dev = PyLong_FromLong(cuda_device);
+      PyObject* st = PyObject_CallOneArg(current_stream.ptr(), dev);
+      Py_DECREF(dev);
+      if (!st) throw nb::python_error();
+      auto stream = reinterpret_cast<runtime::CUstream>(PyLong_AsVoidPtr(st));
+      Py_DECREF(st);
+      runtime::ensure_context(cuda_device);
+      runtime::launch(*cuda, ptrs, stream);
+    } else if (work > (1 << 14)) {
       nb::gil_scoped_release release;
       fn(ptrs, nullptr);
     } else {
@@ -158,7 +173,8 @@ void bind_fusion(nb::module_& m) {
   // Returns (source, [FusedKernel]) for `trace` with CPU (and, later, CUDA) regions claimed.
   m.def(
       "fused_program",
-      [](const Trace& trace, const std::string& name, bool cpu_fusion, bool cuda_fusion) {
+      [](const Trace& trace, const std::string& name, bool cpu_fusion, bool cuda_fusion,
+         bool check_cuda_codegen) {
         codegen::FusionOptions opt;
         opt.cpu = cpu_fusion;
         opt.cuda = cuda_fusion;
@@ -166,10 +182,16 @@ void bind_fusion(nb::module_& m) {
         nb::module_ torch = nb::module_::import_("torch");
         nb::object empty_strided = torch.attr("empty_strided");
         std::vector<const kir::Kernel*> cpu_kernels;
-        for (const auto& kc : fp.kernels) {
-          KR_INTERNAL(kc.kernel.device == DeviceType::CPU,
-                      "CUDA fusion kernels are not wired to the program yet");
-          cpu_kernels.push_back(&kc.kernel);
+        for (const auto& kc : fp.kernels)
+          if (kc.kernel.device == DeviceType::CPU) cpu_kernels.push_back(&kc.kernel);
+        if (check_cuda_codegen) {
+          // CI without a GPU: every kernel also goes through the CUDA emitter and NVRTC.
+          nb::gil_scoped_release release;
+          for (const auto* k : cpu_kernels) {
+            kir::Kernel c = *k;
+            c.device = DeviceType::CUDA;
+            runtime::compile_cuda_kernel_cubin_only(c, 9, 0);
+          }
         }
         std::shared_ptr<cpu::CompiledLibrary> lib;
         std::string src;
@@ -184,8 +206,19 @@ void bind_fusion(nb::module_& m) {
           k->name = kc.kernel.name;
           k->ir = kc.kernel.str();
           k->source = codegen::emit_cpu_kernel(kc.kernel);
-          k->lib = lib;
-          k->fn = lib->kernel(kc.kernel.name);
+          if (kc.kernel.device == DeviceType::CUDA) {
+            int dev = kc.outputs.at(0)->device.index;
+            {
+              nb::gil_scoped_release release;
+              k->cuda = runtime::compile_cuda_kernel(kc.kernel, dev);
+            }
+            k->cuda_device = dev;
+            k->current_stream = torch.attr("_C").attr("_cuda_getCurrentRawStream");
+            k->source = k->cuda->source().source;
+          } else {
+            k->lib = lib;
+            k->fn = lib->kernel(kc.kernel.name);
+          }
           k->empty_strided = empty_strided;
           k->work = kernel_work(kc);
           for (size_t i = 0; i < kc.inputs.size(); ++i) {
@@ -212,5 +245,5 @@ void bind_fusion(nb::module_& m) {
         }
         return nb::make_tuple(fp.source, objs);
       },
-      "trace"_a, "name"_a, "cpu"_a = true, "cuda"_a = false);
+      "trace"_a, "name"_a, "cpu"_a = true, "cuda"_a = true, "check_cuda_codegen"_a = false);
 }
