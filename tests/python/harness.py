@@ -3,6 +3,8 @@ contents of every input after the call, and which outputs alias which inputs and
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.utils._pytree as pytree
@@ -14,6 +16,31 @@ from keraunos.testing import (  # noqa: E402
     clone_args,
     fused_tolerance,
 )  # noqa: E402
+
+_TEST_DEVICE = os.environ.get("KERAUNOS_TEST_DEVICE", "cpu")
+
+
+def _to_device(obj, device):
+    """Copies the tensors of obj to device, keeping which ones share storage (views stay
+    views of one copied storage)."""
+    copied = clone_args(obj)
+    leaves, spec = pytree.tree_flatten(copied)
+    storages = {}
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu":
+            st = leaf.untyped_storage()
+            key = st.data_ptr() if st.nbytes() else id(leaf)
+            if key not in storages:
+                storages[key] = st.to(device=device)
+            t = torch.empty(0, dtype=leaf.dtype, device=device).set_(
+                storages[key], leaf.storage_offset(), leaf.size(), leaf.stride()
+            )
+            t.requires_grad_(leaf.requires_grad)
+            out.append(t)
+        else:
+            out.append(leaf)
+    return pytree.tree_unflatten(out, spec)
 
 
 def assert_same(actual, expected, *, exact=True, atol=None, rtol=None, what="output"):
@@ -66,7 +93,12 @@ def check(
     **kwargs,
 ):
     """Runs fn eagerly and through keraunos.jit on copies of the same arguments and asserts
-    they agree. Returns the jitted function (for trace assertions)."""
+    they agree. Returns the jitted function (for trace assertions).
+
+    KERAUNOS_TEST_DEVICE=cuda moves every tensor argument to the GPU first, so the whole op
+    suite runs through the CUDA fusion executor on a GPU machine."""
+    if _TEST_DEVICE != "cpu":
+        args, kwargs = _to_device((args, kwargs), _TEST_DEVICE)
     eager_args = clone_args((args, kwargs))
     jit_args = clone_args((args, kwargs))
     if seed is not None:

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# One batched session on the GPU machine (the `device` tool): build from source, then run the
+# GPU checks and benchmarks in the foreground while CPU fuzz workers use the idle cores.
+# Logs go to $OUT. Usage: scripts/dev/gpu_session.sh [steps...] (default: all)
+#   env FUZZ_PER_WORKER (programs per worker), FUZZ_WORKERS (per fusion type), FUZZ_SEED0
+set -u
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+ROOT=$(pwd)
+STEPS=${*:-build fuzzcpu cudatests bugs bench sanitizer opsuite cudafuzz wait}
+export KERAUNOS_CACHE_DIR=/tmp/kr-cache
+export KERAUNOS_CHECK_CUDA_CODEGEN=0
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/timeline.txt"; }
+for step in $STEPS; do
+  case $step in
+  build)
+    stamp build
+    python3 -m pip install --no-build-isolation --no-deps . >"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+    ;;
+  fuzzcpu)
+    stamp "cpu fuzz workers"
+    n=${FUZZ_PER_WORKER:-1500}; w=${FUZZ_WORKERS:-5}; s0=${FUZZ_SEED0:-500000}
+    for ft in consecutive dataflow; do
+      for i in $(seq 0 $((w - 1))); do
+        (cd /tmp && KERAUNOS_CACHE_DIR=/tmp/kr-fuzz-$ft-$i timeout 560 python3 -m keraunos.fuzz \
+          --programs "$n" --seed $((s0 + i * n)) --fusion-type $ft --max-lines 12 \
+          >"$OUT/fuzz-cpu-$ft-$i.log" 2>&1) &
+      done
+    done
+    ;;
+  cudatests)
+    stamp "test_cuda + test_nvrtc"
+    (cd tests/python && timeout 300 python3 -m pytest -q -p no:cacheprovider test_cuda.py test_nvrtc.py) >"$OUT/cudatests.log" 2>&1
+    tail -3 "$OUT/cudatests.log"
+    ;;
+  bugs)
+    stamp "bug-report programs"
+    timeout 120 python3 scripts/dev/cuda_compile_checks.py >"$OUT/bugs.log" 2>&1; tail -4 "$OUT/bugs.log"
+    ;;
+  bench)
+    stamp "gpu benchmark"
+    timeout 300 python3 benchmarks/gpu.py >"$OUT/gpu_bench.md" 2>"$OUT/gpu_bench.err"; tail -40 "$OUT/gpu_bench.md"
+    ;;
+  sanitizer)
+    stamp "compute-sanitizer"
+    CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    if [ -n "$CS" ]; then
+      timeout 240 "$CS" --tool memcheck --error-exitcode 9 python3 scripts/dev/cuda_sanitize_subset.py >"$OUT/sanitizer.log" 2>&1
+      echo "memcheck rc=$?" >>"$OUT/sanitizer.log"; tail -5 "$OUT/sanitizer.log"
+    else
+      echo "no compute-sanitizer found" | tee "$OUT/sanitizer.log"
+    fi
+    ;;
+  opsuite)
+    stamp "op suite on CUDA"
+    (cd tests/python && KERAUNOS_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider -n 6 \
+      test_elementwise.py test_reduction.py test_nn.py test_shape.py test_mutation_basic.py test_creation.py) >"$OUT/opsuite.log" 2>&1
+    tail -15 "$OUT/opsuite.log"
+    ;;
+  cudafuzz)
+    stamp "cuda fuzz"
+    (cd /tmp && timeout 240 python3 -m keraunos.fuzz --programs 1000 --device cuda --fusion-type both) >"$OUT/fuzz-cuda.log" 2>&1
+    tail -3 "$OUT/fuzz-cuda.log"
+    ;;
+  wait)
+    stamp "waiting for fuzz workers"
+    wait
+    grep -h "programs," "$OUT"/fuzz-cpu-*.log
+    ;;
+  esac
+done
+stamp done
