@@ -347,8 +347,8 @@ private:
   std::string let(DType storage, const std::string& expr) {
     DType c = kir::compute_dtype(storage);
     std::string e = expr;
-    if (storage == DType::Float16) e = "kr_h2f(kr_f2h(" + e + "))";
-    if (storage == DType::BFloat16) e = "kr_bf2f(kr_f2bf(" + e + "))";
+    if (storage == DType::Float16) e = "kr_h2f(kr_f2h((float)(" + e + ")))";
+    if (storage == DType::BFloat16) e = "kr_bf2f(kr_f2bf((float)(" + e + ")))";
     kir::Let l;
     l.var = fresh("v");
     l.dtype = c;
