@@ -7,7 +7,7 @@ set -u
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 ROOT=$(pwd)
-STEPS=${*:-build fuzzcpu cudatests bugs bench sanitizer opsuite cudafuzz wait}
+STEPS=${*:-build fuzzcpu cudatests bugs bench sanitizer opsuite cudafuzz wait pack}
 export KERAUNOS_CACHE_DIR=/tmp/kr-cache
 export KERAUNOS_CHECK_CUDA_CODEGEN=0
 t0=$(date +%s)
@@ -68,6 +68,10 @@ for step in $STEPS; do
     wait
     grep -h "programs," "$OUT"/fuzz-cpu-*.log
     ;;
+  pack)
+    # The device tool brings back few files: one archive of every log.
+    (cd "$OUT" && tar czf /tmp/logs.tar.gz --exclude=logs.tar.gz . && rm -rf ./* && mv /tmp/logs.tar.gz .)
+    ;;
   esac
 done
-stamp done
+echo "[$(( $(date +%s) - t0 ))s] done"

@@ -3,6 +3,7 @@
 #include "keraunos/codegen/embedded.h"
 #include "keraunos/ir/error.h"
 
+#include <algorithm>
 #include <sstream>
 #include <unordered_map>
 
@@ -98,12 +99,17 @@ public:
   }
 
 private:
-  // Accumulators updated in a Reduce loop's body (directly, not in nested loops).
-  static void updated(const kir::Block& b, std::vector<const kir::AccUpdate*>& out) {
+  // Accumulators declared outside a Reduce loop and updated in its body (or in nested Reduce
+  // loops). One declared inside the body (a reduction over size-1 dims) is private already.
+  static void updated(const kir::Block& b, std::vector<const kir::AccUpdate*>& out,
+                      std::vector<std::string>& inner) {
     for (const auto& s : b) {
-      if (s.kind == kir::Stmt::Kind::AccUpdate) out.push_back(&s.update);
+      if (s.kind == kir::Stmt::Kind::AccInit) inner.push_back(s.acc.var);
+      if (s.kind == kir::Stmt::Kind::AccUpdate &&
+          std::find(inner.begin(), inner.end(), s.update.var) == inner.end())
+        out.push_back(&s.update);
       if (s.kind == kir::Stmt::Kind::Loop && s.loop->kind == kir::LoopKind::Reduce)
-        updated(s.loop->body, out);
+        updated(s.loop->body, out, inner);
     }
   }
 
@@ -181,7 +187,8 @@ private:
       return;
     }
     std::vector<const kir::AccUpdate*> ups;
-    updated(l.body, ups);
+    std::vector<std::string> inner;
+    updated(l.body, ups, inner);
     // Sums and products vectorize with OpenMP's reductions (reassociation is what eager's
     // vectorized reductions do too); max/min propagate NaN, so they use our own combiners.
     std::ostringstream clauses;

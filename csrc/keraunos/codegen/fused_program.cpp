@@ -172,6 +172,12 @@ FusedProgram fused_program(const Trace& trace, const std::string& name, const Fu
         if (p.def().has(tags::E | tags::R) && p.op != OpId::prim_restride && ks) computes = true;
       }
       claim = computes && (d.has(tags::F) || all);
+      // A kernel reads memory on its own device only (eager lets a CPU 0-d tensor join CUDA
+      // math; torch runs such a region).
+      for (const auto& p : prims) {
+        for (const auto& t : p.inputs()) claim = claim && t->device == *dev;
+        for (const auto& t : p.outputs()) claim = claim && t->device == *dev;
+      }
     }
     if (!claim) {
       PStep s;
