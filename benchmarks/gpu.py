@@ -122,6 +122,8 @@ def main():
     device = torch.device(args.device)
     if device.type == "cuda":
         require_cuda()
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)  # events and launches go to this device
     all_cases = cases(args.quick)
     if args._child:
