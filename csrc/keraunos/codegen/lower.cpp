@@ -478,6 +478,18 @@ private:
     case OpId::prim_fmod:
       return call2("kr_fmod");
     case OpId::prim_pow:
+      if (b.args[0].is_tensor() && b.args[1].is_number()) {
+        // Eager's pow special-cases these exponents (pow_tensor_scalar_optimized): match it.
+        double e = b.args[1].as_double();
+        std::string x = gen(b.args[0].tensor(), idx);
+        std::string one = literal(Arg(1.0), oc);
+        if (e == 2) return let(out, x + " * " + x);
+        if (e == 3) return let(out, x + " * " + x + " * " + x);
+        if (e == 0.5) return let(out, "kr_sqrt(" + x + ")");
+        if (e == -0.5) return let(out, "kr_rsqrt(" + x + ")");
+        if (e == -1) return let(out, one + " / " + x);
+        if (e == -2) return let(out, one + " / (" + x + " * " + x + ")");
+      }
       return call2("kr_pow");
     case OpId::prim_maximum:
       return call2("kr_maximum");
