@@ -311,7 +311,14 @@ public:
 
   std::string fresh(const char* prefix) { return prefix + std::to_string(next_++); }
 
-  void emit(kir::Stmt s) { scopes_.back().block.push_back(std::move(s)); }
+  void emit(kir::Stmt s) {
+    const std::string* v = s.kind == kir::Stmt::Kind::Let     ? &s.let.var
+                           : s.kind == kir::Stmt::Kind::Load  ? &s.load.var
+                           : s.kind == kir::Stmt::Kind::AccInit ? &s.acc.var
+                                                                 : nullptr;
+    if (v) depth_[*v] = scopes_.size() - 1;
+    scopes_.back().block.push_back(std::move(s));
+  }
 
   int buffer_for(const TensorRef& t) {
     auto it = buffers_.find(t.get());
@@ -469,8 +476,16 @@ private:
       return infix("-");
     case OpId::prim_mul:
       return is_bool(in) ? infix("&&") : infix("*");
-    case OpId::prim_div:
-      return infix("/");
+    case OpId::prim_div: {
+      // A divisor computed once outside the current loop (softmax's sum, a mean's count):
+      // multiply by its reciprocal, as eager's softmax kernels do, instead of dividing each
+      // element (a division costs several multiplications). Differs by at most one ulp.
+      auto [x, y] = bin_in(in);
+      auto d = depth_.find(y);
+      if (is_float(in) && d != depth_.end() && d->second + 1 < scopes_.size())
+        return let(out, x + " * (" + literal(Arg(1.0), kir::compute_dtype(in)) + " / " + y + ")");
+      return let(out, x + " / " + y);
+    }
     case OpId::prim_floor_divide:
       return call2("kr_floor_divide");
     case OpId::prim_remainder:
@@ -779,6 +794,7 @@ private:
   std::unordered_map<const TensorProxy*, int> buffers_;
   Vars vars_;
   int next_ = 0;
+  std::unordered_map<std::string, size_t> depth_; // scope depth where each variable is defined
 };
 
 // The strides a kernel output is allocated with: the proxy's when they describe a dense,
