@@ -68,6 +68,17 @@ for step in $STEPS; do
     wait
     grep -h "programs," "$OUT"/fuzz-cpu-*.log
     ;;
+  quick)
+    # A short validation + measurement pass: CUDA tests, the row-schedule benchmarks and
+    # compile times.
+    stamp "test_cuda (xdist)"
+    (cd tests/python && timeout 90 python3 -m pytest -q -p no:cacheprovider -n 8 test_cuda.py test_nvrtc.py) >"$OUT/cudatests.log" 2>&1
+    tail -3 "$OUT/cudatests.log"
+    stamp "compile time"
+    timeout 40 python3 scripts/dev/compile_time.py cuda >"$OUT/compile_time.log" 2>&1; cat "$OUT/compile_time.log"
+    stamp "gpu benchmark (rows)"
+    timeout 120 python3 benchmarks/gpu.py --no-compile-time --rounds 7 --cases softmax,layer_norm,rms_norm,rms_norm_fn >"$OUT/gpu_bench_rows.md" 2>"$OUT/gpu_bench_rows.err"; grep "^|" "$OUT/gpu_bench_rows.md"; tail -3 "$OUT/gpu_bench_rows.err"
+    ;;
   pack)
     # The device tool brings back few files: one archive of every log.
     (cd "$OUT" && tar czf /tmp/logs.tar.gz --exclude=logs.tar.gz . && rm -rf ./* && mv /tmp/logs.tar.gz .)
