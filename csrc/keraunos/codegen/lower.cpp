@@ -976,7 +976,11 @@ LoweredRegion lower_region(const std::vector<BoundSymbol>& prims,
     }
     size_t j = i;
     Segment seg;
-    while (j < prims.size() && kernel_supports(prims[j])) seg.members.push_back(&prims[j++]);
+    // Long chains are cut into segments of at most kMaxSegment prims: generation recurses
+    // along data edges, and a kernel of thousands of ops compiles slowly for no gain.
+    constexpr size_t kMaxSegment = 256;
+    while (j < prims.size() && kernel_supports(prims[j]) && j - i < kMaxSegment)
+      seg.members.push_back(&prims[j++]);
     // Needed: read after the segment.
     std::unordered_set<const TensorProxy*> seg_needed;
     for (size_t m = i; m < j; ++m)
