@@ -3,6 +3,7 @@
 #include "keraunos/ir/error.h"
 #include "keraunos/runtime/cpu_cache.h"
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -288,8 +289,13 @@ public:
     std::lock_guard<std::mutex> g(mu_);
     auto it = libs_.find(key);
     if (it == libs_.end()) return nullptr;
+    std::shared_ptr<CompiledLibrary> lib = it->second.lock();
+    if (!lib) {
+      libs_.erase(it);
+      return nullptr;
+    }
     ++stats_.memory_hits;
-    return it->second;
+    return lib;
   }
 
   // Keeps the first library stored under `key` (another thread may have raced us to it).
@@ -304,7 +310,11 @@ public:
       ++stats_.disk_hits;
       stats_.disk_load_ms += ms;
     }
-    return libs_.emplace(key, std::move(lib)).first->second;
+    auto it = libs_.find(key);
+    if (it != libs_.end())
+      if (auto alive = it->second.lock()) return alive;
+    libs_[key] = lib;
+    return lib;
   }
 
   CacheStats stats() {
@@ -427,13 +437,15 @@ private:
   std::string dir_error_;
   std::map<std::vector<std::string>, Probed> probes_;
   std::string cpu_id_;
-  std::unordered_map<std::string, std::shared_ptr<CompiledLibrary>> libs_;
+  // Weak: a library is unloaded when the last kernel using it is gone (a long-running process
+  // that compiles many programs would otherwise run out of mappings), and loaded again from
+  // disk if it is needed later.
+  std::unordered_map<std::string, std::weak_ptr<CompiledLibrary>> libs_;
   CacheStats stats_;
 };
 
 // The process's runtime: the documented kernel cache (DESIGN §1.5). Heap-allocated and never
-// destroyed, so no kernel library is dlclosed while the process exits (OpenMP worker threads
-// may still be parked in it).
+// destroyed (its libraries are unloaded by their last user; see pin_openmp_runtime).
 // Created on first use, so the environment is read then (tests set it before).
 std::mutex g_runtime_mu;
 std::shared_ptr<Runtime>* g_runtime = new std::shared_ptr<Runtime>();
@@ -445,9 +457,26 @@ std::shared_ptr<Runtime> runtime() {
   return *g_runtime;
 }
 
+// Kernel libraries are unloaded when no kernel uses them any more, but the OpenMP runtime they
+// pull in must stay: its worker threads stay parked in its code after a parallel region, so
+// unloading it with the last kernel library (a process that never imported torch, or one whose
+// torch uses another runtime) would pull the code out from under them. Marks whichever runtime
+// is loaded as never-to-be-unloaded (RTLD_NOLOAD: only if it is already there).
+void pin_openmp_runtime() {
+  static std::atomic<bool> pinned{false};
+  if (pinned.load(std::memory_order_relaxed)) return;
+  for (const char* name : {"libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so"}) {
+    if (void* h = dlopen(name, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) {
+      dlclose(h); // drops the reference just taken; NODELETE keeps the runtime mapped
+      pinned = true;
+    }
+  }
+}
+
 void* open_library(const fs::path& so, std::string* error) {
   void* h = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!h && error) *error = dlerror();
+  if (h) pin_openmp_runtime();
   return h;
 }
 
