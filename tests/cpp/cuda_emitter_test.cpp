@@ -174,8 +174,12 @@ TEST(CudaEmitter, SoftmaxShapes) {
     SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
     const Kernel k = softmax(rows, cols, DType::BFloat16);
     const CudaKernelSource s = emit_cuda(k, kH200);
-    EXPECT_EQ(s.schedule, cols <= 256 ? "warp" : "block");
-    if (cols == 300000) EXPECT_FALSE(has(kernels(s), "kr_c0"));
+    EXPECT_EQ(s.schedule, cols <= 256 ? "warp" : cols > 16384 ? "cluster" : "block");
+    if (cols == 300000) { // 37 values per thread: the row is cached in shared memory
+      EXPECT_EQ(s.cluster, 8);
+      EXPECT_EQ(s.launch.shared_mem, 37u * 1024 * 4);
+      EXPECT_TRUE(has(kernels(s), "kr_c0[(kr_k) * 1024 + kr_tid] = v0;")) << kernels(s);
+    }
     if (cols == 1000) EXPECT_TRUE(has(kernels(s), "if (kr_r < 1000u) {"));
     if (cols <= 256) {
       EXPECT_EQ(s.launch.block[0], 32u);
@@ -185,6 +189,52 @@ TEST(CudaEmitter, SoftmaxShapes) {
     }
     EXPECT_COMPILES(k);
   }
+}
+
+// Rows longer than a block's registers: a cluster of blocks per row (sm_90), the row cached in
+// registers (up to 8 blocks x 1024 threads x 16 values), then in shared memory; read once.
+TEST(CudaEmitter, LongRowsRunOneClusterPerRow) {
+  struct Case {
+    int64_t cols;
+    int cluster;
+    unsigned smem;
+    const char* cache;
+  };
+  for (const Case& c : {Case{32768, 2, 0, "float kr_c0[16];"}, Case{65536, 4, 0, "float kr_c0[16];"},
+                        Case{131072, 8, 0, "float kr_c0[16];"},
+                        Case{262144, 8, 32 * 1024 * 4,
+                             "float* const kr_c0 = reinterpret_cast<float*>(kr_dyn + 0);"}}) {
+    SCOPED_TRACE(c.cols);
+    const Kernel k = softmax(512, c.cols);
+    const CudaKernelSource s = emit_cuda(k, kH200);
+    const std::string src = kernels(s);
+    EXPECT_EQ(s.schedule, "cluster");
+    EXPECT_EQ(s.cluster, c.cluster);
+    EXPECT_EQ(s.launch.block[0], 1024u);
+    EXPECT_EQ(s.launch.grid[0], 512u * c.cluster);
+    EXPECT_EQ(s.launch.shared_mem, c.smem);
+    EXPECT_EQ(s.launch_vec.shared_mem, c.smem);
+    EXPECT_TRUE(has(src, "__cluster_dims__(" + std::to_string(c.cluster) + ", 1, 1)")) << src;
+    EXPECT_TRUE(has(src, c.cache)) << src;
+    EXPECT_TRUE(has(src, "const int kr_rt = (int)kr_rank * 1024 + kr_tid;")) << src;
+    EXPECT_TRUE(has(src, "a0 = kr_cluster_allreduce<KR_MAX, " + std::to_string(c.cluster) +
+                             ", float>(a0, kr_cs, kr_ph);"))
+        << src;
+    EXPECT_TRUE(has(src, "for (unsigned kr_p = (unsigned)blockIdx.x / " +
+                             std::to_string(c.cluster) + "u;"))
+        << src;
+    // One read of in0 per element (the vectorized variant reads `in0 + ...` once too).
+    const std::string code = src.substr(src.find("extern \"C\""));
+    size_t reads = 0;
+    for (size_t p = code.find("in0["); p != std::string::npos; p = code.find("in0[", p + 1))
+      ++reads;
+    EXPECT_EQ(reads, 1u) << src;
+    EXPECT_COMPILES(k);
+  }
+  // Before sm_90 there are no clusters: one block per row.
+  codegen::CudaDeviceInfo a100;
+  a100.major = 8;
+  EXPECT_EQ(emit_cuda(softmax(512, 262144), a100).schedule, "block");
 }
 
 TEST(CudaEmitter, LayerNorm) {
@@ -234,7 +284,7 @@ TEST(CudaEmitter, ZeroDimKernelsRunOneThreadOrOneBlock) {
   EXPECT_TRUE(has(kernels(s), "out0[0] = (double)(v1);")) << kernels(s);
   EXPECT_COMPILES(k);
 
-  // A full reduction to a 0-d output: one block.
+  // A full reduction to a 0-d output: one cluster of blocks (sm_90).
   k.name = "full_sum";
   k.buffers = {buffer("in0", DType::Int32, false, {100000}), buffer("out0", DType::Int64, true, {})};
   k.body = {acc("a0", DType::Int64, ReduceOp::Sum),
@@ -242,9 +292,11 @@ TEST(CudaEmitter, ZeroDimKernelsRunOneThreadOrOneBlock) {
                                update("a0", ReduceOp::Sum, "v0")}),
             store(1, idx({}), "a0")};
   s = emit_cuda(k, kH200);
-  EXPECT_EQ(s.schedule, "block");
-  EXPECT_EQ(s.launch.grid[0], 1u);
+  EXPECT_EQ(s.schedule, "cluster");
+  EXPECT_EQ(s.cluster, 8);
+  EXPECT_EQ(s.launch.grid[0], 8u);
   EXPECT_TRUE(has(kernels(s), "const int64_t v0 = (int64_t)(in0[r0]);")) << kernels(s);
+  EXPECT_TRUE(has(kernels(s), "if (kr_tid == 0 && kr_rank == 0) out0[0]")) << kernels(s);
   EXPECT_COMPILES(k);
 }
 
@@ -357,8 +409,9 @@ TEST(CudaEmitter, BlockVectorizationShapes) {
   {
     const CudaKernelSource s = emit_cuda(softmax(8, 300000, DType::BFloat16), kH200);
     EXPECT_EQ(s.vec, 8);
-    EXPECT_FALSE(has(vec_kernel(s), "kr_c0")) << vec_kernel(s);
-    EXPECT_EQ(count(vec_kernel(s), "kr_load_vec<uint16_t, 8>(in0"), 3u) << vec_kernel(s);
+    // A cluster per row, the row cached in shared memory: read once.
+    EXPECT_TRUE(has(vec_kernel(s), "kr_c0[(kr_k * 8 + kr_l) * 1024 + kr_tid]")) << vec_kernel(s);
+    EXPECT_EQ(count(vec_kernel(s), "kr_load_vec<uint16_t, 8>(in0"), 1u) << vec_kernel(s);
     EXPECT_COMPILES(softmax(8, 300000, DType::BFloat16));
   }
   {

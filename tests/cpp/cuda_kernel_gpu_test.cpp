@@ -240,7 +240,8 @@ TEST(CudaGpu, HalfAndBFloat16RoundTripBitExact) {
 TEST(CudaGpu, SoftmaxShapes) {
   REQUIRE_GPU();
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{64, 8192}, {1000, 1000}, {3, 300000},
-                            {1000, 128}, {7, 33}, {5000, 5}}) {
+                            {1000, 128}, {7, 33}, {5000, 5}, {40, 32768}, {9, 131072},
+                            {300, 262144}}) {
     SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
     const Kernel k = softmax(rows, cols);
     auto x = random_floats(static_cast<size_t>(rows * cols), 7);
@@ -251,7 +252,8 @@ TEST(CudaGpu, SoftmaxShapes) {
 
 TEST(CudaGpu, LayerNormAndRmsNorm) {
   REQUIRE_GPU();
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{256, 8192}, {100, 1000}, {33, 20000}}) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{256, 8192}, {100, 1000}, {33, 20000},
+                                {8, 262144}}) {
     SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
     auto x = random_floats(static_cast<size_t>(rows * cols), 11);
     auto w = random_floats(static_cast<size_t>(cols), 12), b = random_floats(static_cast<size_t>(cols), 13);

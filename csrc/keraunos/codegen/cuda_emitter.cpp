@@ -29,6 +29,10 @@ constexpr int kPointwiseThreads = 256;
 // 64 registers per thread, one of 512 has 128.
 int register_cache_max(int threads) { return threads <= 512 ? 32 : 16; }
 constexpr int kWarpPointsPerBlock = 4;
+// Rows longer than this go to the cluster schedule on sm_90+ (a block of 512 threads keeps up
+// to 32 values per thread, 16k per row, in registers).
+constexpr int64_t kBlockRowMax = 16384;
+constexpr int kMaxCluster = 8; // the portable cluster size
 
 // ---------------------------------------------------------------------------------------------
 // The shape of the loop tree.
@@ -411,16 +415,35 @@ void emit_vectorized(Emitter& e, const std::string& name, int vec, int threads) 
 // One block (or one warp) per outer point.
 
 struct BlockPlan {
-  int threads = 0; // per outer point
+  int threads = 0; // per block
   int points_per_block = 1;
+  // Blocks of a thread-block cluster (sm_90+) sharing one outer point: its loops are strided
+  // over cluster * threads threads and accumulators all-reduced over the cluster through
+  // distributed shared memory.
+  int cluster = 1;
+  // Bytes of dynamic shared memory the row cache may use; 0: the cache lives in registers.
+  int64_t smem_cache_bytes = 0;
+  int row_threads() const { return threads * cluster; }
+  // The thread's index among the row's threads.
+  std::string row_tid() const { return cluster > 1 ? "kr_rt" : "kr_tid"; }
 };
 
 // Point-level loads that several loops of a row read at the same index are kept in registers:
 // each thread's values live in a local array indexed by the (fully unrolled) trip number.
+// With a shared-memory budget the arrays live in dynamic shared memory instead (rows too long
+// for registers, cluster schedule): value `slot` of thread kr_tid at [slot * threads + kr_tid],
+// so a warp's accesses hit consecutive banks.
 struct RegisterCache {
   std::map<const Stmt*, std::string> first; // load stmt -> array it fills
   std::map<const Stmt*, std::string> reuse; // load stmt -> array it reads
   std::vector<std::string> decls;
+  bool smem = false;
+  int threads = 0;            // per block
+  int64_t smem_bytes = 0;     // dynamic shared memory the arrays take
+  std::string at(const std::string& arr, const std::string& slot) const {
+    if (!smem) return arr + "[" + slot + "]";
+    return arr + "[(" + slot + ") * " + std::to_string(threads) + " + kr_tid]";
+  }
 };
 
 // Values of a nest each thread handles: trips of one element, or of `vec` consecutive ones.
@@ -429,15 +452,18 @@ int64_t values_per_thread(const LoopNest& nest, int threads, int vec) {
   return (nest.extent / vec + threads - 1) / threads * vec;
 }
 
-RegisterCache plan_cache(const Emitter& e, const std::vector<LoopNest>& nests, int threads,
-                         const std::vector<int>& vecs) {
+RegisterCache plan_cache(const Emitter& e, const std::vector<LoopNest>& nests,
+                         const BlockPlan& plan, const std::vector<int>& vecs) {
+  const int threads = plan.row_threads();
+  const bool smem = plan.smem_cache_bytes > 0;
+  const int64_t max_values = smem ? INT64_MAX : register_cache_max(plan.threads);
   // Canonical key of a load: the buffer, its index with the nest's variables by position, and
   // the nest's extents and vector width (same extents, width and thread count: the same element
   // per thread, trip and lane).
   std::map<std::string, std::vector<std::pair<size_t, const Stmt*>>> uses;
   for (size_t n = 0; n < nests.size(); ++n) {
     const LoopNest& nest = nests[n];
-    if (values_per_thread(nest, threads, vecs[n]) > register_cache_max(threads)) continue;
+    if (values_per_thread(nest, threads, vecs[n]) > max_values) continue;
     Rename canon;
     std::string shape = "v" + std::to_string(vecs[n]) + ":";
     for (size_t j = 0; j < nest.loops.size(); ++j) {
@@ -452,6 +478,8 @@ RegisterCache plan_cache(const Emitter& e, const std::vector<LoopNest>& nests, i
     }
   }
   RegisterCache c;
+  c.smem = smem;
+  c.threads = plan.threads;
   for (const auto& [key, list] : uses) {
     std::set<size_t> loops;
     for (const auto& [n, s] : list) loops.insert(n);
@@ -460,8 +488,16 @@ RegisterCache plan_cache(const Emitter& e, const std::vector<LoopNest>& nests, i
     const Stmt* first = list.front().second;
     const int64_t trips =
         values_per_thread(nests[list.front().first], threads, vecs[list.front().first]);
-    c.decls.push_back(std::string(kir::ctype(first->load.dtype)) + " " + arr + "[" +
-                      std::to_string(trips) + "];");
+    const std::string t = kir::ctype(first->load.dtype);
+    if (smem) {
+      const int64_t bytes = trips * plan.threads * itemsize(first->load.dtype);
+      if (c.smem_bytes + bytes > plan.smem_cache_bytes) continue; // read it again (from L2)
+      c.decls.push_back(t + "* const " + arr + " = reinterpret_cast<" + t + "*>(kr_dyn + " +
+                        std::to_string(c.smem_bytes) + ");");
+      c.smem_bytes += (bytes + 15) / 16 * 16;
+    } else {
+      c.decls.push_back(t + " " + arr + "[" + std::to_string(trips) + "];");
+    }
     const size_t first_loop = list.front().first;
     bool filled = false;
     for (const auto& [n, s] : list) {
@@ -548,8 +584,9 @@ std::vector<LoopNest> point_nests(const Analysis& a) {
 // One vectorized nest of the block variant: trip kr_k of thread kr_tid handles the group
 // kr_g = kr_tid + kr_k * threads of `vec` consecutive innermost elements; its unit-stride loads
 // are read with kr_load_vec before the lanes run, its stores written with kr_store_vec after.
-void emit_vector_nest(Emitter& e, const LoopNest& nest, int nt, int vec,
+void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, int vec,
                       const RegisterCache& cache) {
+  const int nt = plan.row_threads();
   Out& o = e.out;
   const Kernel& k = e.k;
   const std::string v = nest.loops.back()->var;
@@ -557,18 +594,18 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, int nt, int vec,
   const int64_t groups = nest.extent / vec;
   const int64_t trips = (groups + nt - 1) / nt;
   const Rename base{{v, "kr_vb"}};
-  const std::string slot = "[kr_k * " + lanes + " + kr_l]";
+  const std::string slot = "kr_k * " + lanes + " + kr_l";
   for (const Stmt& b : *nest.body) {
     if (auto it = cache.first.find(&b); it != cache.first.end())
-      e.after[&b] = it->second + slot + " = " + b.load.var + ";";
+      e.after[&b] = cache.at(it->second, slot) + " = " + b.load.var + ";";
     if (auto it = cache.reuse.find(&b); it != cache.reuse.end())
       e.replace[&b] = std::string("const ") + kir::ctype(b.load.dtype) + " " + b.load.var +
-                      " = " + it->second + slot + ";";
+                      " = " + cache.at(it->second, slot) + ";";
   }
-  o.line(2, trips * vec <= register_cache_max(nt) ? "#pragma unroll" : "#pragma unroll 4");
+  o.line(2, trips * vec <= 32 ? "#pragma unroll" : "#pragma unroll 4");
   o.line(2, "for (" + e.vt() + " kr_k = 0; kr_k < " + std::to_string(trips) + "; ++kr_k) {");
-  o.line(3, "const " + e.ft() + " kr_g = kr_tid + (" + e.ft() + ")kr_k * " + std::to_string(nt) +
-                e.fsuf() + ";");
+  o.line(3, "const " + e.ft() + " kr_g = " + plan.row_tid() + " + (" + e.ft() + ")kr_k * " +
+                std::to_string(nt) + e.fsuf() + ";");
   int d = 3;
   if (groups % nt != 0) {
     o.line(3, "if (kr_g < " + std::to_string(groups) + e.fsuf() + ") {");
@@ -616,12 +653,15 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, int nt, int vec,
 }
 
 // `vecs` empty: the scalar variant; otherwise the width per nest (block_vector_plan).
+// `smem_bytes`: the dynamic shared memory the kernel needs at launch.
 void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& plan,
-                       const std::vector<int>& vecs_in = {}) {
+                       int64_t& smem_bytes, const std::vector<int>& vecs_in = {}) {
   Out& o = e.out;
   const Analysis& a = e.a;
-  const int nt = plan.threads;
+  const int nt = plan.threads;       // per block
+  const int rt = plan.row_threads(); // per outer point
   const int ppb = plan.points_per_block;
+  const int cl = plan.cluster;
 
   std::vector<LoopNest> nests;
   std::map<const Stmt*, size_t> nest_of_stmt;
@@ -637,24 +677,45 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
   }
   const std::vector<int> vecs = vecs_in.empty() ? std::vector<int>(nests.size(), 0) : vecs_in;
   KR_INTERNAL(vecs.size() == nests.size(), "CUDA emitter: vector plan of another kernel");
-  const RegisterCache cache = plan_cache(e, nests, nt, vecs);
+  const RegisterCache cache = plan_cache(e, nests, plan, vecs);
+  smem_bytes = cache.smem_bytes;
+  KR_INTERNAL(cl == 1 || ppb == 1, "CUDA emitter: a cluster handles one outer point at a time");
 
-  o.line(0, "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(nt * ppb) + ") " +
-                name + "(" + e.params() + ") {");
+  const std::string cluster_attr =
+      cl > 1 ? "__cluster_dims__(" + std::to_string(cl) + ", 1, 1) " : "";
+  o.line(0, "extern \"C\" __global__ void " + cluster_attr + "__launch_bounds__(" +
+                std::to_string(nt * ppb) + ") " + name + "(" + e.params() + ") {");
   if (reduces && nt > 32) o.line(1, "__shared__ long long kr_smem[32];");
+  if (cache.smem) o.line(1, "extern __shared__ __align__(16) unsigned char kr_dyn[];");
   o.line(1, "const int kr_tid = threadIdx.x;");
+  if (cl > 1) {
+    // The cluster's blocks walk the same outer points; block `kr_rank` takes the row's threads
+    // kr_rank * nt .. kr_rank * nt + nt - 1. Two reduction slots alternate (kr_cluster_allreduce).
+    o.line(1, "const unsigned kr_rank = kr_cluster_rank();");
+    o.line(1, "const int kr_rt = (int)kr_rank * " + std::to_string(nt) + " + kr_tid;");
+    if (reduces) {
+      o.line(1, "__shared__ long long kr_cs[2];");
+      o.line(1, "int kr_ph = 0;");
+    }
+  }
   const std::string first_point =
-      ppb == 1 ? "(" + e.ft() + ")blockIdx.x"
-               : "(" + e.ft() + ")blockIdx.x * " + std::to_string(ppb) + e.fsuf() + " + threadIdx.y";
+      cl > 1     ? "(" + e.ft() + ")blockIdx.x / " + std::to_string(cl) + e.fsuf()
+      : ppb == 1 ? "(" + e.ft() + ")blockIdx.x"
+                 : "(" + e.ft() + ")blockIdx.x * " + std::to_string(ppb) + e.fsuf() +
+                       " + threadIdx.y";
+  const std::string point_step =
+      cl > 1     ? "(" + e.ft() + ")gridDim.x / " + std::to_string(cl) + e.fsuf()
+      : ppb == 1 ? "(" + e.ft() + ")gridDim.x"
+                 : "(" + e.ft() + ")gridDim.x * " + std::to_string(ppb) + e.fsuf();
   o.line(1, "for (" + e.ft() + " kr_p = " + first_point + "; kr_p < " +
-                std::to_string(a.points) + e.fsuf() + "; kr_p += (" + e.ft() + ")gridDim.x" +
-                (ppb == 1 ? "" : " * " + std::to_string(ppb) + e.fsuf()) + ") {");
+                std::to_string(a.points) + e.fsuf() + "; kr_p += " + point_step + ") {");
   e.recover(dims_of(a.grid), "kr_p", 2);
   for (const std::string& d : cache.decls) o.line(2, d);
 
   for (const Stmt& s : *a.point) {
     if (s.kind == Stmt::Kind::Store) {
-      o.line(2, "if (kr_tid == 0) " + e.store_line(s.store));
+      o.line(2, std::string(cl > 1 ? "if (kr_tid == 0 && kr_rank == 0) " : "if (kr_tid == 0) ") +
+                    e.store_line(s.store));
       continue;
     }
     if (s.kind != Stmt::Kind::Loop) {
@@ -664,22 +725,22 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
     const LoopNest& nest = nests[nest_of_stmt.at(&s)];
     const int vec = vecs[nest_of_stmt.at(&s)];
     if (vec > 1) {
-      emit_vector_nest(e, nest, nt, vec, cache);
+      emit_vector_nest(e, nest, plan, vec, cache);
     } else {
-      const int64_t trips = (nest.extent + nt - 1) / nt;
+      const int64_t trips = (nest.extent + rt - 1) / rt;
       for (const Stmt& b : *nest.body) {
         if (auto it = cache.first.find(&b); it != cache.first.end())
-          e.after[&b] = it->second + "[kr_k] = " + b.load.var + ";";
+          e.after[&b] = cache.at(it->second, "kr_k") + " = " + b.load.var + ";";
         if (auto it = cache.reuse.find(&b); it != cache.reuse.end())
           e.replace[&b] = std::string("const ") + kir::ctype(b.load.dtype) + " " + b.load.var +
-                          " = " + it->second + "[kr_k];";
+                          " = " + cache.at(it->second, "kr_k") + ";";
       }
-      o.line(2, trips <= register_cache_max(nt) ? "#pragma unroll" : "#pragma unroll 4");
+      o.line(2, trips <= 32 ? "#pragma unroll" : "#pragma unroll 4");
       o.line(2, "for (" + e.vt() + " kr_k = 0; kr_k < " + std::to_string(trips) + "; ++kr_k) {");
-      o.line(3, "const " + e.ft() + " kr_r = kr_tid + (" + e.ft() + ")kr_k * " +
-                    std::to_string(nt) + e.fsuf() + ";");
+      o.line(3, "const " + e.ft() + " kr_r = " + plan.row_tid() + " + (" + e.ft() + ")kr_k * " +
+                    std::to_string(rt) + e.fsuf() + ";");
       int d = 3;
-      if (nest.extent % nt != 0) {
+      if (nest.extent % rt != 0) {
         o.line(3, "if (kr_r < " + std::to_string(nest.extent) + e.fsuf() + ") {");
         d = 4;
       }
@@ -711,9 +772,14 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       else
         o.line(2, acc + " = kr_block_allreduce<" + op_macro(op) + ", " + std::to_string(nt) +
                       ", " + t + ">(" + acc + ", kr_smem);");
+      if (cl > 1)
+        o.line(2, acc + " = kr_cluster_allreduce<" + op_macro(op) + ", " + std::to_string(cl) +
+                      ", " + t + ">(" + acc + ", kr_cs, kr_ph);");
     }
   }
   o.line(1, "}");
+  // No block may leave while another still reads its reduction slots.
+  if (cl > 1 && reduces) o.line(1, "kr_cluster_sync();");
   o.line(0, "}");
 }
 
@@ -776,6 +842,25 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
         r.schedule = "warp";
         plan.threads = 32;
         plan.points_per_block = kWarpPointsPerBlock;
+      } else if (longest > kBlockRowMax && dev.major >= 9) {
+        // Rows too long for one block's registers: a cluster of blocks per row, so that the row
+        // is read from memory once. 1024 threads per block; the fewest blocks (2, 4 or 8) that
+        // keep <= 16 values per thread in registers, else 8 blocks with the row cached in
+        // dynamic shared memory (rows up to 8 * ~200 KB), else (longer) rows re-read from L2.
+        r.schedule = "cluster";
+        plan.threads = std::min(1024, dev.max_threads_per_block);
+        plan.cluster = kMaxCluster;
+        for (int c = 2; c <= kMaxCluster; c *= 2) {
+          if ((longest + int64_t{c} * plan.threads - 1) / (int64_t{c} * plan.threads) <=
+              register_cache_max(plan.threads)) {
+            plan.cluster = c;
+            break;
+          }
+        }
+        if ((longest + int64_t{plan.cluster} * plan.threads - 1) /
+                (int64_t{plan.cluster} * plan.threads) >
+            register_cache_max(plan.threads))
+          plan.smem_cache_bytes = std::max(0, dev.shared_mem_optin - 4096);
       } else {
         r.schedule = "block";
         // 8 elements per thread up to rows of 4k (128..512 threads), then 512 threads up to 16k
@@ -791,16 +876,25 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
       }
       r.launch.block[0] = static_cast<unsigned>(plan.threads);
       r.launch.block[1] = static_cast<unsigned>(plan.points_per_block);
-      r.launch.grid[0] =
-          clamp_grid((a.points + plan.points_per_block - 1) / plan.points_per_block);
-      emit_block_kernel(e, r.entry, plan);
+      if (plan.cluster > 1) {
+        r.cluster = plan.cluster;
+        r.launch.grid[0] = static_cast<unsigned>(
+            std::min<int64_t>(a.points, 0x7fffffff / plan.cluster) * plan.cluster);
+      } else {
+        r.launch.grid[0] =
+            clamp_grid((a.points + plan.points_per_block - 1) / plan.points_per_block);
+      }
+      int64_t smem = 0;
+      emit_block_kernel(e, r.entry, plan, smem);
+      r.launch.shared_mem = static_cast<unsigned>(smem);
       const std::vector<int> vecs = block_vector_plan(k, point_nests(a));
       if (const int vec = *std::max_element(vecs.begin(), vecs.end()); vec > 1) {
         r.vec = vec;
         r.entry_vec = k.name + "_vec";
         r.launch_vec = r.launch; // the same threads: as many elements per thread
         out.line(0, "");
-        emit_block_kernel(e, r.entry_vec, plan, vecs);
+        emit_block_kernel(e, r.entry_vec, plan, smem, vecs);
+        r.launch_vec.shared_mem = static_cast<unsigned>(smem);
       }
     }
   }

@@ -28,6 +28,13 @@
 //              kernel), the same per-element math, the same threads and launch; loops that do not
 //              qualify stay scalar in it. Launch it only when every buffer pointer is 16-byte
 //              aligned.
+//   cluster    (sm_90+) rows longer than 16k: a thread-block cluster of 2, 4 or 8 blocks of 1024
+//              threads per outer point, as the block schedule with the row's threads spread
+//              over the cluster; each accumulator is all-reduced in the block, then over the
+//              cluster through distributed shared memory (every block combines the blocks'
+//              values in rank order: the same result everywhere). Loads reused across the row's
+//              loops are cached in registers when <= 16 values per thread, else in dynamic
+//              shared memory (launch.shared_mem bytes), so a row of 256k floats is read once.
 //   A kernel without loops runs on one thread.
 #pragma once
 #include "keraunos/codegen/kernel_ir.h"
@@ -42,6 +49,7 @@ struct CudaDeviceInfo {
   int major = 9, minor = 0;
   int max_threads_per_block = 1024;
   int shared_mem_per_block = 48 * 1024;
+  int shared_mem_optin = 227 * 1024; // dynamic shared memory a kernel may opt in to
 };
 
 struct CudaLaunch {
@@ -58,7 +66,8 @@ struct CudaKernelSource {
   std::string entry_vec; // vectorized variant or "": valid only when every buffer pointer is
                          // 16-byte aligned (the launcher checks)
   CudaLaunch launch, launch_vec;
-  std::string schedule;  // "pointwise", "thread", "warp" or "block" (for tests and dumps)
+  std::string schedule;  // "pointwise", "thread", "warp", "block" or "cluster" (tests, dumps)
+  int cluster = 1;       // blocks per thread-block cluster (compiled in: __cluster_dims__)
   int vec = 1;           // elements per thread and trip of entry_vec (per vectorized loop of a
                          // warp/block kernel)
 };

@@ -64,6 +64,7 @@ DriverState open_driver() {
   resolve(lib, "cuModuleGetFunction", d.cuModuleGetFunction, missing);
   resolve(lib, "cuLaunchKernel", d.cuLaunchKernel, missing);
   resolve(lib, "cuGetErrorString", d.cuGetErrorString, missing);
+  resolve(lib, "cuFuncSetAttribute", d.cuFuncSetAttribute, missing);
   if (!missing.empty()) {
     s.reason = "libcuda.so.1 lacks " + missing + " (driver too old)";
     return s;
@@ -155,6 +156,14 @@ CUfunction CudaModule::function(const std::string& name) const {
     KR_USER_ERROR(Runtime, "cuModuleGetFunction(", name, ") failed: ",
                   error_string(cuda_driver(), r), " (is the kernel extern \"C\"?)");
   return f;
+}
+
+void CudaModule::allow_dynamic_shared_memory(CUfunction f, unsigned bytes) {
+  constexpr int kFuncAttrMaxDynamicSharedSizeBytes = 8; // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_...
+  if (bytes <= 48 * 1024) return;
+  check_cuda(cuda_driver().cuFuncSetAttribute(f, kFuncAttrMaxDynamicSharedSizeBytes,
+                                              static_cast<int>(bytes)),
+             "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
 }
 
 void CudaModule::launch(CUfunction f, const unsigned grid[3], const unsigned block[3],

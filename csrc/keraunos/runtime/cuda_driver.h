@@ -42,6 +42,7 @@ struct CudaDriver {
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void**, void**);
   CUresult (*cuGetErrorString)(CUresult, const char**);
+  CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
 };
 
 // Loads libcuda.so.1 and runs cuInit(0) on first use; false with the reason when there is no
@@ -70,6 +71,8 @@ public:
   CudaModule& operator=(const CudaModule&) = delete;
 
   CUfunction function(const std::string& name) const;
+  // Lets `f` launch with `bytes` of dynamic shared memory (over 48 KB needs the opt-in).
+  static void allow_dynamic_shared_memory(CUfunction f, unsigned bytes);
   // `params`: one pointer per kernel parameter, to its value (cuLaunchKernel's kernelParams).
   static void launch(CUfunction f, const unsigned grid[3], const unsigned block[3],
                      unsigned shared_mem, CUstream stream, void** params);

@@ -15,6 +15,7 @@ namespace {
 constexpr int kAttrMaxThreadsPerBlock = 1;       // CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK
 constexpr int kAttrMaxSharedMemoryPerBlock = 8;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK
 constexpr int kAttrMultiprocessorCount = 16;     // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97; // ..._MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 
 int sm_arch(int major, int minor) { return major * 10 + minor; }
 
@@ -32,6 +33,9 @@ codegen::CudaDeviceInfo cuda_device_info(int device) {
   check_cuda(
       d.cuDeviceGetAttribute(&info.shared_mem_per_block, kAttrMaxSharedMemoryPerBlock, dev),
       "cuDeviceGetAttribute");
+  check_cuda(d.cuDeviceGetAttribute(&info.shared_mem_optin, kAttrMaxSharedMemoryPerBlockOptin,
+                                    dev),
+             "cuDeviceGetAttribute");
   std::tie(info.major, info.minor) = compute_capability(device);
   return info;
 }
@@ -42,7 +46,11 @@ CompiledCudaKernel::CompiledCudaKernel(codegen::CudaKernelSource source, const s
       module_(std::make_unique<CudaModule>(cubin, device)), launch_(source_.launch),
       launch_vec_(source_.launch_vec) {
   fn_ = module_->function(source_.entry);
-  if (!source_.entry_vec.empty()) fn_vec_ = module_->function(source_.entry_vec);
+  CudaModule::allow_dynamic_shared_memory(fn_, launch_.shared_mem);
+  if (!source_.entry_vec.empty()) {
+    fn_vec_ = module_->function(source_.entry_vec);
+    CudaModule::allow_dynamic_shared_memory(fn_vec_, launch_vec_.shared_mem);
+  }
 }
 
 std::shared_ptr<CompiledCudaKernel> compile_cuda_kernel(const kir::Kernel& k, int device) {

@@ -225,6 +225,47 @@ template <int OP, int NT, class T> KR_DEVICE T kr_block_allreduce(T v, void* sme
 }
 
 // ---------------------------------------------------------------------------------------------
+// Thread-block clusters (sm_90+; kernels declared with __cluster_dims__).
+#if __CUDA_ARCH__ >= 900
+KR_DEVICE unsigned kr_cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// Every thread of every block of the cluster: writes before it are visible to all after it.
+KR_DEVICE void kr_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+               :
+               :
+               : "memory");
+}
+// The address of `p` (this block's shared memory) in block `rank` of the cluster.
+template <class T> KR_DEVICE const T* kr_map_rank(const T* p, unsigned rank) {
+  unsigned long long r;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(p), "r"(rank));
+  return reinterpret_cast<const T*>(r);
+}
+// All-reduce of a value every thread of each block already holds (kr_block_allreduce's result)
+// over the C blocks of the cluster. `slots`: two shared words per block, used alternately
+// (`phase` flips): a block may write the next slot while a slower one still reads the previous,
+// never the same one, since a cluster barrier separates them. Blocks are combined in rank
+// order, so every block gets the same bits. The kernel ends with kr_cluster_sync() so that no
+// block leaves while its slots are read.
+template <int OP, int C, class T> KR_DEVICE T kr_cluster_allreduce(T v, long long* slots,
+                                                                   int& phase) {
+  static_assert(sizeof(T) <= sizeof(long long), "accumulators are at most 8 bytes");
+  T* slot = reinterpret_cast<T*>(slots + phase);
+  phase ^= 1;
+  if (threadIdx.x == 0) *slot = v;
+  kr_cluster_sync();
+  T r = *kr_map_rank(slot, 0);
+#pragma unroll
+  for (unsigned c = 1; c < C; ++c) r = kr_combine<OP, T>(r, *kr_map_rank(slot, c));
+  return r;
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
 // Vectorized access: N elements of T in one aligned load/store (16 bytes -> one 128-bit
 // instruction). The caller guarantees the address is a multiple of sizeof(T) * N.
 template <class T, int N> struct alignas(sizeof(T) * N) kr_vec {
