@@ -29,6 +29,18 @@ for step in $STEPS; do
       done
     done
     ;;
+  cpptests)
+    # The C++ GPU tests (tests/cpp/cuda_kernel_gpu_test.cpp) when GoogleTest is installed there.
+    stamp "C++ GPU tests"
+    if [ -f /usr/include/gtest/gtest.h ]; then
+      (cmake -S . -B /tmp/cpp-tests -G Ninja -DCMAKE_BUILD_TYPE=Release -DKERAUNOS_BUILD_TESTS=ON \
+         -DKERAUNOS_BUILD_PYTHON=OFF && cmake --build /tmp/cpp-tests && \
+         timeout 200 /tmp/cpp-tests/keraunos_tests --gtest_filter='Cuda*:Nvrtc*') >"$OUT/cpptests.log" 2>&1
+      grep -E "PASSED|FAILED|BandwidthReport|TB/s|GB/s" "$OUT/cpptests.log" | tail -30
+    else
+      echo "no GoogleTest on this machine" | tee "$OUT/cpptests.log"
+    fi
+    ;;
   cudatests)
     stamp "test_cuda + test_nvrtc"
     (cd tests/python && timeout 300 python3 -m pytest -q -p no:cacheprovider test_cuda.py test_nvrtc.py) >"$OUT/cudatests.log" 2>&1
@@ -40,7 +52,11 @@ for step in $STEPS; do
     ;;
   bench)
     stamp "gpu benchmark"
-    timeout 300 python3 benchmarks/gpu.py >"$OUT/gpu_bench.md" 2>"$OUT/gpu_bench.err"; tail -40 "$OUT/gpu_bench.md"
+    timeout 300 python3 benchmarks/gpu.py --no-compile-time >"$OUT/gpu_bench.md" 2>"$OUT/gpu_bench.err"; grep -E "^\||µs" "$OUT/gpu_bench.md" | tail -30; tail -3 "$OUT/gpu_bench.err"
+    ;;
+  ctime)
+    stamp "compile time (keraunos, CUDA)"
+    timeout 60 python3 scripts/dev/compile_time.py cuda >"$OUT/compile_time.log" 2>&1; cat "$OUT/compile_time.log"
     ;;
   sanitizer)
     stamp "compute-sanitizer"
