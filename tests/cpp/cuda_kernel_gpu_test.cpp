@@ -376,6 +376,9 @@ TEST(CudaGpu, BandwidthReport) {
     report(layer_norm(rows, cols), {a.ptr(), b.ptr(), c.ptr(), o.ptr()}, bytes);
     report(rms_norm(rows, cols), {a.ptr(), b.ptr(), o.ptr()}, bytes);
   }
+  std::printf("[bandwidth] bfloat16 rms_norm rows 16384 x cols 8192\n");
+  report(rms_norm_rows(16384, 8192, DType::BFloat16), {a.ptr(), b.ptr(), o.ptr()},
+         2.0 * 16384 * 8192 * 2);
   report(row_mean(16384, 8192), {a.ptr(), o.ptr()}, 16384.0 * 8192 * 4);
   report(column_max(4096, 65536), {a.ptr(), o.ptr()}, 4096.0 * 65536 * 4);
 }

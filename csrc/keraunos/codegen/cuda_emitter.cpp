@@ -423,6 +423,7 @@ struct BlockPlan {
   int cluster = 1;
   // Bytes of dynamic shared memory the row cache may use; 0: the cache lives in registers.
   int64_t smem_cache_bytes = 0;
+  int64_t reg_values = 0; // values per thread the register cache may hold
   int row_threads() const { return threads * cluster; }
   // The thread's index among the row's threads.
   std::string row_tid() const { return cluster > 1 ? "kr_rt" : "kr_tid"; }
@@ -456,7 +457,7 @@ RegisterCache plan_cache(const Emitter& e, const std::vector<LoopNest>& nests,
                          const BlockPlan& plan, const std::vector<int>& vecs) {
   const int threads = plan.row_threads();
   const bool smem = plan.smem_cache_bytes > 0;
-  const int64_t max_values = smem ? INT64_MAX : register_cache_max(plan.threads);
+  const int64_t max_values = smem ? INT64_MAX : plan.reg_values;
   // Canonical key of a load: the buffer, its index with the nest's variables by position, and
   // the nest's extents and vector width (same extents, width and thread count: the same element
   // per thread, trip and lane).
@@ -791,6 +792,47 @@ int64_t pow2_ceil(int64_t x) {
 
 } // namespace
 
+void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
+  std::istringstream items(spec);
+  for (std::string item; std::getline(items, item, ',');) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    KR_CHECK(eq != std::string::npos, Value, "KERAUNOS_CUDA_TUNE: '", item,
+             "' is not key=value");
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    int v = 0;
+    try {
+      size_t used = 0;
+      v = std::stoi(value, &used);
+      KR_CHECK(used == value.size(), Value, "KERAUNOS_CUDA_TUNE: '", item, "' is not a number");
+    } catch (const std::logic_error&) {
+      KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: '", item, "' is not a number");
+    }
+    if (key == "block_threads") {
+      KR_CHECK(v == 0 || (v >= 32 && v <= 1024 && (v & (v - 1)) == 0), Value,
+               "KERAUNOS_CUDA_TUNE: block_threads must be 0 or a power of two in 32..1024");
+      info.block_threads = v;
+    } else if (key == "cluster_threads") {
+      KR_CHECK(v >= 32 && v <= 1024 && (v & (v - 1)) == 0, Value,
+               "KERAUNOS_CUDA_TUNE: cluster_threads must be a power of two in 32..1024");
+      info.cluster_threads = v;
+    } else if (key == "max_cluster") {
+      KR_CHECK(v >= 1 && v <= 16 && (v & (v - 1)) == 0, Value,
+               "KERAUNOS_CUDA_TUNE: max_cluster must be 1, 2, 4, 8 or 16");
+      info.max_cluster = v;
+    } else if (key == "cluster_reg_values") {
+      KR_CHECK(v >= 0 && v <= 64, Value, "KERAUNOS_CUDA_TUNE: cluster_reg_values is 0..64");
+      info.cluster_reg_values = v;
+    } else if (key == "cluster_smem_bytes") {
+      info.cluster_smem_bytes = v;
+    } else {
+      KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
+                    "' (block_threads, cluster_threads, max_cluster, cluster_reg_values, "
+                    "cluster_smem_bytes)");
+    }
+  }
+}
+
 CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
   const Analysis a = analyze(k);
   Out out;
@@ -842,25 +884,31 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
         r.schedule = "warp";
         plan.threads = 32;
         plan.points_per_block = kWarpPointsPerBlock;
+        plan.reg_values = register_cache_max(32);
       } else if (longest > kBlockRowMax && dev.major >= 9) {
         // Rows too long for one block's registers: a cluster of blocks per row, so that the row
-        // is read from memory once. 1024 threads per block; the fewest blocks (2, 4 or 8) that
-        // keep <= 16 values per thread in registers, else 8 blocks with the row cached in
-        // dynamic shared memory (rows up to 8 * ~200 KB), else (longer) rows re-read from L2.
+        // is read from memory once: the fewest blocks (2, 4, ... max_cluster) that keep
+        // <= cluster_reg_values per thread in registers, else max_cluster blocks with their part
+        // of the row cached in dynamic shared memory when it fits the budget, else re-read
+        // (from L2: only a few rows are in flight).
         r.schedule = "cluster";
-        plan.threads = std::min(1024, dev.max_threads_per_block);
-        plan.cluster = kMaxCluster;
-        for (int c = 2; c <= kMaxCluster; c *= 2) {
-          if ((longest + int64_t{c} * plan.threads - 1) / (int64_t{c} * plan.threads) <=
-              register_cache_max(plan.threads)) {
+        plan.threads = std::min(dev.cluster_threads, dev.max_threads_per_block);
+        auto per_thread = [&](int c) {
+          const int64_t t = int64_t{c} * plan.threads;
+          return (longest + t - 1) / t;
+        };
+        plan.cluster = dev.max_cluster;
+        for (int c = 2; c <= dev.max_cluster; c *= 2) {
+          if (per_thread(c) <= dev.cluster_reg_values) {
             plan.cluster = c;
             break;
           }
         }
-        if ((longest + int64_t{plan.cluster} * plan.threads - 1) /
-                (int64_t{plan.cluster} * plan.threads) >
-            register_cache_max(plan.threads))
-          plan.smem_cache_bytes = std::max(0, dev.shared_mem_optin - 4096);
+        plan.reg_values = dev.cluster_reg_values;
+        if (per_thread(plan.cluster) > dev.cluster_reg_values)
+          plan.smem_cache_bytes = dev.cluster_smem_bytes >= 0
+                                      ? std::min(dev.cluster_smem_bytes, dev.shared_mem_optin)
+                                      : std::max(0, dev.shared_mem_optin - 4096);
       } else {
         r.schedule = "block";
         // 8 elements per thread up to rows of 4k (128..512 threads), then 512 threads up to 16k
@@ -872,7 +920,9 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
         int64_t threads = std::clamp<int64_t>(pow2_ceil((longest + 7) / 8), 128, 512);
         if ((longest + threads - 1) / threads > register_cache_max(static_cast<int>(threads)))
           threads = max_threads;
+        if (dev.block_threads > 0) threads = dev.block_threads;
         plan.threads = static_cast<int>(std::min(threads, max_threads));
+        plan.reg_values = register_cache_max(plan.threads);
       }
       r.launch.block[0] = static_cast<unsigned>(plan.threads);
       r.launch.block[1] = static_cast<unsigned>(plan.points_per_block);

@@ -50,7 +50,18 @@ struct CudaDeviceInfo {
   int max_threads_per_block = 1024;
   int shared_mem_per_block = 48 * 1024;
   int shared_mem_optin = 227 * 1024; // dynamic shared memory a kernel may opt in to
+  // Schedule tuning (defaults measured on an H200; cuda_device_info() lets
+  // KERAUNOS_CUDA_TUNE="key=value,..." override them for experiments):
+  int block_threads = 0;        // block schedule: threads per row (0: by row length)
+  int cluster_threads = 512;    // cluster schedule: threads per block
+  int max_cluster = 8;          // blocks per cluster (over 8 is a non-portable size)
+  int cluster_reg_values = 16;  // values per thread cached in registers
+  int cluster_smem_bytes = -1;  // shared memory a block may cache its part of a row in (-1: all)
 };
+
+// Applies "key=value,..." (the keys of CudaDeviceInfo's tuning fields) to `info`; an unknown key
+// or a malformed value is a user error naming it.
+void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec);
 
 struct CudaLaunch {
   unsigned grid[3] = {1, 1, 1};

@@ -166,6 +166,12 @@ void CudaModule::allow_dynamic_shared_memory(CUfunction f, unsigned bytes) {
              "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
 }
 
+void CudaModule::allow_non_portable_cluster(CUfunction f) {
+  constexpr int kFuncAttrNonPortableClusterSizeAllowed = 14; // CU_FUNC_ATTRIBUTE_NON_PORTABLE_...
+  check_cuda(cuda_driver().cuFuncSetAttribute(f, kFuncAttrNonPortableClusterSizeAllowed, 1),
+             "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)");
+}
+
 void CudaModule::launch(CUfunction f, const unsigned grid[3], const unsigned block[3],
                         unsigned shared_mem, CUstream stream, void** params) {
   check_cuda(cuda_driver().cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],

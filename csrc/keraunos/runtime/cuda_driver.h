@@ -73,6 +73,8 @@ public:
   CUfunction function(const std::string& name) const;
   // Lets `f` launch with `bytes` of dynamic shared memory (over 48 KB needs the opt-in).
   static void allow_dynamic_shared_memory(CUfunction f, unsigned bytes);
+  // Lets `f` run in clusters of more than 8 blocks (sm_90: up to 16).
+  static void allow_non_portable_cluster(CUfunction f);
   // `params`: one pointer per kernel parameter, to its value (cuLaunchKernel's kernelParams).
   static void launch(CUfunction f, const unsigned grid[3], const unsigned block[3],
                      unsigned shared_mem, CUstream stream, void** params);

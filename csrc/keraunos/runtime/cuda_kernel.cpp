@@ -4,6 +4,7 @@
 #include "keraunos/runtime/nvrtc.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <tuple>
 #include <vector>
@@ -37,6 +38,7 @@ codegen::CudaDeviceInfo cuda_device_info(int device) {
                                     dev),
              "cuDeviceGetAttribute");
   std::tie(info.major, info.minor) = compute_capability(device);
+  if (const char* tune = std::getenv("KERAUNOS_CUDA_TUNE")) codegen::apply_cuda_tuning(info, tune);
   return info;
 }
 
@@ -47,9 +49,11 @@ CompiledCudaKernel::CompiledCudaKernel(codegen::CudaKernelSource source, const s
       launch_vec_(source_.launch_vec) {
   fn_ = module_->function(source_.entry);
   CudaModule::allow_dynamic_shared_memory(fn_, launch_.shared_mem);
+  if (source_.cluster > 8) CudaModule::allow_non_portable_cluster(fn_);
   if (!source_.entry_vec.empty()) {
     fn_vec_ = module_->function(source_.entry_vec);
     CudaModule::allow_dynamic_shared_memory(fn_vec_, launch_vec_.shared_mem);
+    if (source_.cluster > 8) CudaModule::allow_non_portable_cluster(fn_vec_);
   }
 }
 
