@@ -1,5 +1,8 @@
 #include "keraunos/codegen/kernel_ir.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include "keraunos/ir/error.h"
 
 #include <sstream>
@@ -192,6 +195,65 @@ std::string Kernel::str() const {
   os << "):\n";
   print(os, *this, body, 1);
   return os.str();
+}
+
+namespace {
+
+bool is_ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// Whether `expr` mentions `name` as a whole identifier (not inside a longer name or a literal:
+// hex floats such as 0x1.0c6f7a0b5ed8dp-20 never stand alone).
+bool mentions(const std::string& expr, const std::string& name) {
+  for (size_t p = expr.find(name); p != std::string::npos; p = expr.find(name, p + 1)) {
+    const bool left = p == 0 || !is_ident_char(expr[p - 1]);
+    const bool right = p + name.size() == expr.size() || !is_ident_char(expr[p + name.size()]);
+    if (left && right) return true;
+  }
+  return false;
+}
+
+void updated_accs(const Block& b, std::vector<std::string>& out) {
+  for (const Stmt& s : b) {
+    if (s.kind == Stmt::Kind::AccUpdate) out.push_back(s.update.var);
+    if (s.kind == Stmt::Kind::Loop) updated_accs(s.loop->body, out);
+  }
+}
+
+} // namespace
+
+void hoist_invariants(Block& body) {
+  Block out;
+  out.reserve(body.size());
+  for (Stmt& s : body) {
+    if (s.kind != Stmt::Kind::Loop) {
+      out.push_back(std::move(s));
+      continue;
+    }
+    Loop& l = *s.loop;
+    hoist_invariants(l.body);
+    if (l.kind == LoopKind::Parallel) {
+      out.push_back(std::move(s));
+      continue;
+    }
+    std::vector<std::string> inside{l.var};
+    updated_accs(l.body, inside);
+    Block kept;
+    for (Stmt& b : l.body) {
+      if (b.kind == Stmt::Kind::Let &&
+          std::none_of(inside.begin(), inside.end(),
+                       [&](const std::string& n) { return mentions(b.let.expr, n); })) {
+        out.push_back(std::move(b));
+        continue;
+      }
+      if (b.kind == Stmt::Kind::Load) inside.push_back(b.load.var);
+      if (b.kind == Stmt::Kind::Let) inside.push_back(b.let.var);
+      if (b.kind == Stmt::Kind::AccInit) inside.push_back(b.acc.var);
+      kept.push_back(std::move(b));
+    }
+    l.body = std::move(kept);
+    out.push_back(std::move(s));
+  }
+  body = std::move(out);
 }
 
 } // namespace keraunos::kir

@@ -158,4 +158,11 @@ struct Kernel {
   std::string str() const;
 };
 
+// Moves each Let of a Reduce or Inner loop that reads nothing the loop defines or updates
+// (its variable, loads and lets in it, accumulators updated in it) to just before the loop,
+// innermost loops first, so a value that is constant per outer point — rms_norm's
+// rsqrt(mean + eps), softmax's 1 / sum — is computed once per point, not per element. Parallel
+// loops keep their lets (backends map them to threads; the tree starts with them).
+void hoist_invariants(Block& body);
+
 } // namespace keraunos::kir

@@ -934,6 +934,7 @@ private:
         for (size_t i = 0; i < order.size(); ++i) gen.close();
       k.body = gen.finish();
       mark_inner(k.body);
+      kir::hoist_invariants(k.body);
       for (const auto& t : g) loadable.insert(t.get());
       calls.push_back(std::move(call));
     }

@@ -1,0 +1,63 @@
+// Kernel IR passes: hoisting loop-invariant lets out of Reduce / Inner loops.
+#include "keraunos/codegen/kernel_ir.h"
+#include "kir_builders.h"
+
+#include <gtest/gtest.h>
+
+using namespace keraunos;
+using namespace keraunos::kir;
+using namespace keraunos::kir::build;
+
+TEST(KernelIr, HoistsPointConstantsOutOfInnerLoops) {
+  Kernel k = rms_norm_rows(4, 8);
+  // Put the per-point rsqrt inside the inner loop, as lowering first places it.
+  Loop& point = *k.body[0].loop;
+  Stmt rs = point.body[2];
+  ASSERT_EQ(rs.kind, Stmt::Kind::Let);
+  point.body.erase(point.body.begin() + 2);
+  Loop& in = *point.body[2].loop;
+  in.body.insert(in.body.begin() + 2, rs);
+  // And one that reads the inner variable, and one that reads a value loaded in the loop.
+  in.body.insert(in.body.begin() + 3, let("w1", DType::Float32, "(float)(i1 + 1)"));
+  in.body.insert(in.body.begin() + 4, let("w2", DType::Float32, "(v2 * 2.0f)"));
+  in.body.insert(in.body.begin() + 5, let("w3", DType::Float32, "(w2 + v3)"));
+  hoist_invariants(k.body);
+  EXPECT_EQ(k.str(), R"(kernel rms_norm(in0: f32[4, 8], in1: f32[8], out0: f32[4, 8]):
+  parallel i0 < 4:
+    acc a0 sum
+    reduce r0 < 8:
+      v0 = load in0[8 * i0 + r0]
+      let v1 = (v0 * v0)
+      update a0 sum v1
+    let v2 = kr_rsqrt(((a0 / 8.0f) + 1e-06f))
+    let w2 = (v2 * 2.0f)
+    inner i1 < 8:
+      v3 = load in0[8 * i0 + i1]
+      v4 = load in1[i1]
+      let w1 = (float)(i1 + 1)
+      let w3 = (w2 + v3)
+      let v5 = ((v3 * v2) * v4)
+      store out0[8 * i0 + i1] = v5
+)");
+}
+
+TEST(KernelIr, KeepsLetsThatReadAccumulatorsUpdatedInTheLoop) {
+  Kernel k = rms_norm_rows(4, 8);
+  Loop& red_loop = *k.body[0].loop->body[1].loop;
+  // Reads the accumulator this loop updates: a running value, not an invariant. A name that
+  // only appears inside a hex literal or a longer name does not count as a read.
+  red_loop.body.push_back(let("w0", DType::Float32, "(a0 * 0x1.0c6f7a0b5ed8dp-20)"));
+  red_loop.body.push_back(let("w1", DType::Float32, "(kr_v0 + 0x1.0r0p+0)"));
+  hoist_invariants(k.body);
+  const std::string s = k.str();
+  EXPECT_NE(s.find("      let w0 = (a0 * 0x1.0c6f7a0b5ed8dp-20)"), std::string::npos) << s;
+  EXPECT_NE(s.find("    let w1 = (kr_v0 + 0x1.0r0p+0)\n    reduce"), std::string::npos) << s;
+}
+
+TEST(KernelIr, ParallelLoopsKeepTheirLets) {
+  Kernel k = rms_norm_rows(4, 8);
+  k.body[0].loop->body.insert(k.body[0].loop->body.begin(), let("c", DType::Float32, "1.0f"));
+  const std::string before = k.str();
+  hoist_invariants(k.body);
+  EXPECT_EQ(k.str(), before);
+}
