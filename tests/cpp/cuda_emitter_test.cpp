@@ -175,10 +175,10 @@ TEST(CudaEmitter, SoftmaxShapes) {
     const Kernel k = softmax(rows, cols, DType::BFloat16);
     const CudaKernelSource s = emit_cuda(k, kH200);
     EXPECT_EQ(s.schedule, cols <= 256 ? "warp" : cols > 16384 ? "cluster" : "block");
-    if (cols == 300000) { // 37 values per thread: the row is cached in shared memory
+    if (cols == 300000) { // 74 values per thread: the row is cached in shared memory
       EXPECT_EQ(s.cluster, 8);
-      EXPECT_EQ(s.launch.shared_mem, 37u * 1024 * 4);
-      EXPECT_TRUE(has(kernels(s), "kr_c0[(kr_k) * 1024 + kr_tid] = v0;")) << kernels(s);
+      EXPECT_EQ(s.launch.shared_mem, 74u * 512 * 4); // 74 values x 512 threads
+      EXPECT_TRUE(has(kernels(s), "kr_c0[(kr_k) * 512 + kr_tid] = v0;")) << kernels(s);
     }
     if (cols == 1000) EXPECT_TRUE(has(kernels(s), "if (kr_r < 1000u) {"));
     if (cols <= 256) {
@@ -192,7 +192,7 @@ TEST(CudaEmitter, SoftmaxShapes) {
 }
 
 // Rows longer than a block's registers: a cluster of blocks per row (sm_90), the row cached in
-// registers (up to 8 blocks x 1024 threads x 16 values), then in shared memory; read once.
+// registers (up to 8 blocks x 512 threads x 16 values), then in shared memory; read once.
 TEST(CudaEmitter, LongRowsRunOneClusterPerRow) {
   struct Case {
     int64_t cols;
@@ -200,23 +200,24 @@ TEST(CudaEmitter, LongRowsRunOneClusterPerRow) {
     unsigned smem;
     const char* cache;
   };
-  for (const Case& c : {Case{32768, 2, 0, "float kr_c0[16];"}, Case{65536, 4, 0, "float kr_c0[16];"},
-                        Case{131072, 8, 0, "float kr_c0[16];"},
-                        Case{262144, 8, 32 * 1024 * 4,
-                             "float* const kr_c0 = reinterpret_cast<float*>(kr_dyn + 0);"}}) {
+  for (const Case& c :
+       {Case{32768, 4, 0, "float kr_c0[16];"}, Case{65536, 8, 0, "float kr_c0[16];"},
+        Case{131072, 8, 32 * 512 * 4, "float* const kr_c0 = reinterpret_cast<float*>(kr_dyn + 0);"},
+        Case{262144, 8, 64 * 512 * 4,
+             "float* const kr_c0 = reinterpret_cast<float*>(kr_dyn + 0);"}}) {
     SCOPED_TRACE(c.cols);
     const Kernel k = softmax(512, c.cols);
     const CudaKernelSource s = emit_cuda(k, kH200);
     const std::string src = kernels(s);
     EXPECT_EQ(s.schedule, "cluster");
     EXPECT_EQ(s.cluster, c.cluster);
-    EXPECT_EQ(s.launch.block[0], 1024u);
+    EXPECT_EQ(s.launch.block[0], 512u);
     EXPECT_EQ(s.launch.grid[0], 512u * c.cluster);
     EXPECT_EQ(s.launch.shared_mem, c.smem);
     EXPECT_EQ(s.launch_vec.shared_mem, c.smem);
     EXPECT_TRUE(has(src, "__cluster_dims__(" + std::to_string(c.cluster) + ", 1, 1)")) << src;
     EXPECT_TRUE(has(src, c.cache)) << src;
-    EXPECT_TRUE(has(src, "const int kr_rt = (int)kr_rank * 1024 + kr_tid;")) << src;
+    EXPECT_TRUE(has(src, "const int kr_rt = (int)kr_rank * 512 + kr_tid;")) << src;
     EXPECT_TRUE(has(src, "a0 = kr_cluster_allreduce<KR_MAX, " + std::to_string(c.cluster) +
                              ", float>(a0, kr_cs, kr_ph);"))
         << src;
@@ -410,7 +411,7 @@ TEST(CudaEmitter, BlockVectorizationShapes) {
     const CudaKernelSource s = emit_cuda(softmax(8, 300000, DType::BFloat16), kH200);
     EXPECT_EQ(s.vec, 8);
     // A cluster per row, the row cached in shared memory: read once.
-    EXPECT_TRUE(has(vec_kernel(s), "kr_c0[(kr_k * 8 + kr_l) * 1024 + kr_tid]")) << vec_kernel(s);
+    EXPECT_TRUE(has(vec_kernel(s), "kr_c0[(kr_k * 8 + kr_l) * 512 + kr_tid]")) << vec_kernel(s);
     EXPECT_EQ(count(vec_kernel(s), "kr_load_vec<uint16_t, 8>(in0"), 1u) << vec_kernel(s);
     EXPECT_COMPILES(softmax(8, 300000, DType::BFloat16));
   }
@@ -476,4 +477,18 @@ TEST(CudaEmitter, BlockVectorizationNeedsWholeAlignedGroups) {
   EXPECT_TRUE(has(vec_kernel(s), "kr_load_vec<float, 4>(in0 + 8192 * i0 + kr_vb + 4)"))
       << vec_kernel(s);
   EXPECT_COMPILES(k);
+}
+
+TEST(CudaEmitter, TuningKnobs) {
+  codegen::CudaDeviceInfo d;
+  codegen::apply_cuda_tuning(d, "cluster_threads=1024,max_cluster=2,block_threads=256");
+  EXPECT_EQ(d.cluster_threads, 1024);
+  EXPECT_EQ(d.max_cluster, 2);
+  EXPECT_EQ(d.block_threads, 256);
+  EXPECT_EQ(emit_cuda(softmax(512, 262144), d).cluster, 2);
+  EXPECT_EQ(emit_cuda(softmax(512, 8192), d).launch.block[0], 256u);
+  EXPECT_THROW(codegen::apply_cuda_tuning(d, "max_cluster=3"), std::exception);
+  EXPECT_THROW(codegen::apply_cuda_tuning(d, "threads=3"), std::exception);
+  EXPECT_THROW(codegen::apply_cuda_tuning(d, "max_cluster=x"), std::exception);
+  EXPECT_THROW(codegen::apply_cuda_tuning(d, "max_cluster"), std::exception);
 }
