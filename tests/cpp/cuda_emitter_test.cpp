@@ -132,15 +132,20 @@ TEST(CudaEmitter, RowReductionIsBlockPerRow) {
   const Kernel k = row_mean(4096, 8192);
   const CudaKernelSource s = emit_cuda(k, kH200);
   EXPECT_EQ(s.schedule, "block");
-  EXPECT_EQ(s.entry_vec, "");
+  EXPECT_EQ(s.entry_vec, "row_mean_vec"); // 4 floats per 16-byte load
+  EXPECT_EQ(s.vec, 4);
   EXPECT_EQ(s.launch.block[0], 512u);
   EXPECT_EQ(s.launch.grid[0], 4096u);
+  EXPECT_EQ(s.launch_vec.block[0], 512u);
+  EXPECT_EQ(s.launch_vec.grid[0], 4096u);
   const std::string src = kernels(s);
   EXPECT_TRUE(has(src, "__shared__ long long kr_smem[32];")) << src;
   EXPECT_TRUE(has(src, "const unsigned kr_r = kr_tid + (unsigned)kr_k * 512u;")) << src;
   EXPECT_TRUE(has(src, "a0 = kr_block_allreduce<KR_SUM, 512, float>(a0, kr_smem);")) << src;
   EXPECT_TRUE(has(src, "if (kr_tid == 0) out0[i0] = (float)(v1);")) << src;
   EXPECT_FALSE(has(src, "kr_r < 8192u")) << "8192 is a multiple of 512: no guard";
+  EXPECT_TRUE(has(src, "kr_load_vec<float, 4>(in0 + 8192 * i0 + kr_vb)")) << src;
+  EXPECT_FALSE(has(src, "kr_g < 2048u")) << "2048 groups, a multiple of 512: no guard";
   EXPECT_COMPILES(k);
 }
 
@@ -270,5 +275,152 @@ TEST(CudaEmitter, LargeIndicesUse64BitMath) {
   const std::string src = kernels(s);
   EXPECT_TRUE(has(src, "uint64_t kr_i = (uint64_t)blockIdx.x")) << src;
   EXPECT_TRUE(has(src, "const int64_t i0 = (int64_t)kr_i;")) << src;
+  EXPECT_COMPILES(k);
+}
+
+// The vectorized variant of a block schedule (entry_vec): `vec` consecutive elements per thread
+// and trip, read and written with 16-byte accesses.
+std::string vec_kernel(const CudaKernelSource& s) {
+  return s.source.substr(s.source.find(s.entry_vec + "("));
+}
+
+size_t count(const std::string& s, const std::string& part) {
+  size_t n = 0;
+  for (size_t p = s.find(part); p != std::string::npos; p = s.find(part, p + 1)) ++n;
+  return n;
+}
+
+TEST(CudaEmitter, BlockRmsNormBFloat16IsVectorized) {
+  const Kernel k = rms_norm_rows(16384, 8192, DType::BFloat16);
+  const CudaKernelSource s = emit_cuda(k, kH200);
+  EXPECT_EQ(s.schedule, "block");
+  EXPECT_EQ(s.entry_vec, "rms_norm_vec");
+  EXPECT_EQ(s.vec, 8); // 8 x 2 bytes
+  EXPECT_EQ(s.launch_vec.block[0], s.launch.block[0]);
+  EXPECT_EQ(s.launch_vec.grid[0], s.launch.grid[0]);
+  EXPECT_EQ(s.launch.block[0], 512u);
+  const std::string scalar = kernels(s).substr(0, kernels(s).find(s.entry_vec + "("));
+  EXPECT_FALSE(has(scalar, "kr_load_vec")) << "the scalar variant stays scalar: " << scalar;
+  const std::string v = vec_kernel(s);
+  // 1024 groups of 8 over 512 threads: two trips, no guard; the row (16 values) in registers.
+  EXPECT_TRUE(has(v, "const unsigned kr_g = kr_tid + (unsigned)kr_k * 512u;")) << v;
+  EXPECT_TRUE(has(v, "for (int kr_k = 0; kr_k < 2; ++kr_k) {")) << v;
+  EXPECT_FALSE(has(v, "if (kr_g <")) << v;
+  EXPECT_TRUE(has(v, "const int kr_vb = kr_vg * 8;")) << v;
+  EXPECT_TRUE(has(v, "float kr_c0[16];")) << v;
+  EXPECT_TRUE(has(v, "kr_load_vec<uint16_t, 8>(in0 + 8192 * i0 + kr_vb)")) << v;
+  EXPECT_EQ(count(v, "kr_load_vec<uint16_t, 8>(in0"), 1u) << "x is read once: " << v;
+  EXPECT_TRUE(has(v, "const float v0 = kr_bf2f(kr_ld0.v[kr_l]);")) << v;
+  EXPECT_TRUE(has(v, "kr_c0[kr_k * 8 + kr_l] = v0;")) << v;
+  EXPECT_TRUE(has(v, "const float v3 = kr_c0[kr_k * 8 + kr_l];")) << v;
+  EXPECT_TRUE(has(v, "kr_load_vec<uint16_t, 8>(in1 + kr_vb)")) << "the weight: " << v;
+  EXPECT_TRUE(has(v, "kr_st1.v[kr_l] = kr_f2bf(v5);")) << v;
+  EXPECT_TRUE(has(v, "kr_store_vec<uint16_t, 8>(out0 + 8192 * i0 + kr_vb, kr_st1);")) << v;
+  EXPECT_TRUE(has(v, "const int r0 = kr_vb + kr_l;")) << v;
+  EXPECT_TRUE(has(v, "a0 = kr_block_allreduce<KR_SUM, 512, float>(a0, kr_smem);")) << v;
+  EXPECT_FALSE(has(v, "in0[")) << "no scalar reads of x: " << v;
+  EXPECT_COMPILES(k);
+}
+
+TEST(CudaEmitter, BlockSoftmaxFloat32IsVectorized) {
+  const Kernel k = softmax(16384, 8192);
+  const CudaKernelSource s = emit_cuda(k, kH200);
+  EXPECT_EQ(s.entry_vec, "softmax_vec");
+  EXPECT_EQ(s.vec, 4);
+  const std::string v = vec_kernel(s);
+  EXPECT_TRUE(has(v, "float kr_c0[16];")) << v;
+  EXPECT_TRUE(has(v, "for (int kr_k = 0; kr_k < 4; ++kr_k) {")) << v;
+  EXPECT_EQ(count(v, "kr_load_vec<float, 4>(in0 + 8192 * i0 + kr_vb)"), 1u) << v;
+  EXPECT_TRUE(has(v, "const float v1 = kr_c0[kr_k * 4 + kr_l];")) << v;
+  EXPECT_TRUE(has(v, "kr_store_vec<float, 4>(out0 + 8192 * i0 + kr_vb, kr_st")) << v;
+  EXPECT_TRUE(has(v, "a0 = kr_block_allreduce<KR_MAX, 512, float>(a0, kr_smem);")) << v;
+  EXPECT_COMPILES(k);
+}
+
+TEST(CudaEmitter, BlockVectorizationShapes) {
+  // Guarded groups (1000 floats: 250 groups over 128 threads), a warp per row, a long row without
+  // the register cache, a layer_norm: vectorized and compiled.
+  {
+    const CudaKernelSource s = emit_cuda(softmax(1000, 1000), kH200);
+    EXPECT_EQ(s.vec, 4);
+    EXPECT_TRUE(has(vec_kernel(s), "if (kr_g < 250u) {")) << vec_kernel(s);
+    EXPECT_COMPILES(softmax(1000, 1000));
+  }
+  {
+    const CudaKernelSource s = emit_cuda(softmax(100000, 128, DType::BFloat16), kH200);
+    EXPECT_EQ(s.schedule, "warp");
+    EXPECT_EQ(s.vec, 8);
+    EXPECT_EQ(s.launch_vec.block[1], 4u);
+    EXPECT_TRUE(has(vec_kernel(s), "kr_warp_allreduce<KR_MAX, 32, float>(a0)")) << vec_kernel(s);
+    EXPECT_COMPILES(softmax(100000, 128, DType::BFloat16));
+  }
+  {
+    const CudaKernelSource s = emit_cuda(softmax(8, 300000, DType::BFloat16), kH200);
+    EXPECT_EQ(s.vec, 8);
+    EXPECT_FALSE(has(vec_kernel(s), "kr_c0")) << vec_kernel(s);
+    EXPECT_EQ(count(vec_kernel(s), "kr_load_vec<uint16_t, 8>(in0"), 3u) << vec_kernel(s);
+    EXPECT_COMPILES(softmax(8, 300000, DType::BFloat16));
+  }
+  {
+    const CudaKernelSource s = emit_cuda(layer_norm(16384, 8192, DType::Float16), kH200);
+    EXPECT_EQ(s.vec, 8);
+    EXPECT_TRUE(has(vec_kernel(s), "kr_load_vec<uint16_t, 8>(in2 + kr_vb)")) << vec_kernel(s);
+    EXPECT_COMPILES(layer_norm(16384, 8192, DType::Float16));
+  }
+  {
+    // bfloat16 rows with a float32 weight: one width for the kernel, 16 bytes over the widest
+    // item (4), so x is read 8 bytes at a time.
+    const Kernel k = rms_norm_rows(4096, 4096, DType::BFloat16, 0, 0, F32);
+    const CudaKernelSource s = emit_cuda(k, kH200);
+    EXPECT_EQ(s.vec, 4);
+    EXPECT_TRUE(has(vec_kernel(s), "kr_load_vec<uint16_t, 4>(in0 + 4096 * i0 + kr_vb)"))
+        << vec_kernel(s);
+    EXPECT_TRUE(has(vec_kernel(s), "kr_load_vec<float, 4>(in1 + kr_vb)")) << vec_kernel(s);
+    EXPECT_COMPILES(k);
+  }
+  {
+    // A flattened two-loop reduction (int32 [64, 48, 40] over dims 1, 2): groups of 4 along the
+    // innermost loop, the outer one recovered from the group index.
+    Kernel k;
+    k.name = "amax12";
+    k.buffers = {buffer("in0", DType::Int32, false, {64, 48, 40}),
+                 buffer("out0", DType::Int32, true, {64})};
+    k.body = {par("i0", 64,
+                  {acc("a0", DType::Int32, ReduceOp::Max),
+                   red("r0", 48, {red("r1", 40, {load("v0", DType::Int32, 0,
+                                                      idx({{"i0", 1920}, {"r0", 40}, {"r1", 1}})),
+                                                 update("a0", ReduceOp::Max, "v0")})}),
+                   store(1, idx({{"i0", 1}}), "a0")})};
+    const CudaKernelSource s = emit_cuda(k, kH200);
+    EXPECT_EQ(s.vec, 4);
+    const std::string v = vec_kernel(s);
+    EXPECT_TRUE(has(v, "const int kr_vg = (int)(kr_g % 10u);")) << v;
+    EXPECT_TRUE(has(v, "kr_load_vec<int32_t, 4>(in0 + 1920 * i0 + 40 * r0 + kr_vb)")) << v;
+    EXPECT_COMPILES(k);
+  }
+}
+
+TEST(CudaEmitter, BlockVectorizationNeedsWholeAlignedGroups) {
+  // A row extent that is not a multiple of 8, a row stride of 8191 (rows start misaligned), an
+  // offset of 4 elements (8 bytes): the scalar variant only.
+  for (const Kernel& k : {rms_norm_rows(1024, 8190, DType::BFloat16),
+                          rms_norm_rows(1024, 8191, DType::BFloat16),
+                          rms_norm_rows(1024, 8192, DType::BFloat16, 8191),
+                          rms_norm_rows(1024, 8192, DType::BFloat16, 8192, 4),
+                          softmax(1000, 1001)}) {
+    SCOPED_TRACE(k.str());
+    const CudaKernelSource s = emit_cuda(k, kH200);
+    EXPECT_EQ(s.schedule, "block");
+    EXPECT_EQ(s.entry_vec, "");
+    EXPECT_EQ(s.vec, 1);
+    EXPECT_FALSE(has(s.source, "kr_load_vec<uint16_t")) << kernels(s);
+    EXPECT_COMPILES(k);
+  }
+  // A float32 offset of 4 elements keeps 16 bytes: vectorized.
+  const Kernel k = rms_norm_rows(1024, 8192, F32, 8192, 4);
+  const CudaKernelSource s = emit_cuda(k, kH200);
+  EXPECT_EQ(s.vec, 4);
+  EXPECT_TRUE(has(vec_kernel(s), "kr_load_vec<float, 4>(in0 + 8192 * i0 + kr_vb + 4)"))
+      << vec_kernel(s);
   EXPECT_COMPILES(k);
 }

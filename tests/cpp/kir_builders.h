@@ -2,6 +2,7 @@
 #pragma once
 #include "keraunos/codegen/kernel_ir.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -122,6 +123,34 @@ inline Kernel layer_norm(int64_t rows, int64_t cols, DType dt = F32) {
                         load("v8", F32, 2, idx({{"i1", 1}})),
                         let("v9", F32, "((((v6 - v1) * v5) * v7) + v8)"),
                         store(3, row("i1"), "v9")})})};
+  return k;
+}
+
+// rms_norm over the last dim of [rows, cols] with a weight; in0's rows are `row_stride` apart
+// (cols when 0) and start at element `offset` (a slice), out0 is contiguous. The weight has
+// dtype `weight_dtype` (dt when absent).
+inline Kernel rms_norm_rows(int64_t rows, int64_t cols, DType dt = F32, int64_t row_stride = 0,
+                       int64_t offset = 0, std::optional<DType> weight_dtype = {}) {
+  if (row_stride == 0) row_stride = cols;
+  const DType wdt = weight_dtype.value_or(dt);
+  Kernel k;
+  k.name = "rms_norm";
+  k.device = DeviceType::CUDA;
+  k.buffers = {buffer("in0", dt, false, {rows, cols}), buffer("in1", wdt, false, {cols}),
+               buffer("out0", dt, true, {rows, cols})};
+  k.buffers[0].strides = {row_stride, 1};
+  auto x = [&](const char* v) { return idx({{"i0", row_stride}, {v, 1}}, offset); };
+  const std::string n = std::to_string(cols) + ".0f";
+  k.body = {par("i0", rows,
+                {acc("a0", F32, ReduceOp::Sum),
+                 red("r0", cols,
+                     {load("v0", F32, 0, x("r0")), let("v1", F32, "(v0 * v0)"),
+                      update("a0", ReduceOp::Sum, "v1")}),
+                 let("v2", F32, "kr_rsqrt(((a0 / " + n + ") + 1e-06f))"),
+                 inner("i1", cols,
+                       {load("v3", F32, 0, x("i1")), load("v4", F32, 1, idx({{"i1", 1}})),
+                        let("v5", F32, "((v3 * v2) * v4)"),
+                        store(2, idx({{"i0", cols}, {"i1", 1}}), "v5")})})};
   return k;
 }
 

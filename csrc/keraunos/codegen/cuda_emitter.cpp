@@ -423,15 +423,23 @@ struct RegisterCache {
   std::vector<std::string> decls;
 };
 
-RegisterCache plan_cache(const Emitter& e, const std::vector<LoopNest>& nests, int threads) {
+// Values of a nest each thread handles: trips of one element, or of `vec` consecutive ones.
+int64_t values_per_thread(const LoopNest& nest, int threads, int vec) {
+  if (vec <= 1) return (nest.extent + threads - 1) / threads;
+  return (nest.extent / vec + threads - 1) / threads * vec;
+}
+
+RegisterCache plan_cache(const Emitter& e, const std::vector<LoopNest>& nests, int threads,
+                         const std::vector<int>& vecs) {
   // Canonical key of a load: the buffer, its index with the nest's variables by position, and
-  // the nest's extents (same extents and thread count: the same element per thread and trip).
+  // the nest's extents and vector width (same extents, width and thread count: the same element
+  // per thread, trip and lane).
   std::map<std::string, std::vector<std::pair<size_t, const Stmt*>>> uses;
   for (size_t n = 0; n < nests.size(); ++n) {
     const LoopNest& nest = nests[n];
-    if ((nest.extent + threads - 1) / threads > register_cache_max(threads)) continue;
+    if (values_per_thread(nest, threads, vecs[n]) > register_cache_max(threads)) continue;
     Rename canon;
-    std::string shape;
+    std::string shape = "v" + std::to_string(vecs[n]) + ":";
     for (size_t j = 0; j < nest.loops.size(); ++j) {
       canon[nest.loops[j]->var] = "@" + std::to_string(j);
       shape += std::to_string(nest.loops[j]->extent) + ",";
@@ -450,7 +458,8 @@ RegisterCache plan_cache(const Emitter& e, const std::vector<LoopNest>& nests, i
     if (loops.size() < 2) continue;
     const std::string arr = "kr_c" + std::to_string(c.decls.size());
     const Stmt* first = list.front().second;
-    const int64_t trips = (nests[list.front().first].extent + threads - 1) / threads;
+    const int64_t trips =
+        values_per_thread(nests[list.front().first], threads, vecs[list.front().first]);
     c.decls.push_back(std::string(kir::ctype(first->load.dtype)) + " " + arr + "[" +
                       std::to_string(trips) + "];");
     const size_t first_loop = list.front().first;
@@ -467,7 +476,148 @@ RegisterCache plan_cache(const Emitter& e, const std::vector<LoopNest>& nests, i
   return c;
 }
 
-void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& plan) {
+// The vectorized block variant: in a Reduce/Inner nest whose innermost loop variable has
+// coefficient 1 in an access, each thread handles `vec` consecutive elements per trip, read and
+// written with one kr_vec access per buffer. One width for the kernel, 16 bytes over the widest
+// item read or written along a loop (8 for bfloat16, 4 for float32), so that the register cache
+// sees the same elements per thread in every nest. A nest runs vectorized when its innermost
+// extent is a multiple of the width, every unit-stride access keeps the alignment (its other
+// coefficients and its constant are multiples of the width), every store is unit-stride, and it
+// holds no further loops. Other loads of a vectorized nest (broadcasts, strided, opaque) stay
+// scalar, per lane. Returns the width per nest (0: scalar); all 0 when none qualifies.
+std::vector<int> block_vector_plan(const Kernel& k, const std::vector<LoopNest>& nests) {
+  std::vector<int> vecs(nests.size(), 0);
+  int widest = 0;
+  for (const LoopNest& nest : nests) {
+    const std::string& v = nest.loops.back()->var;
+    visit(*nest.body, [&](const Stmt& s) {
+      if (s.kind == Stmt::Kind::Load && s.load.index.affine() && s.load.index.coef(v) == 1)
+        widest = std::max(widest, itemsize(k.buffers.at(s.load.buffer).dtype));
+      if (s.kind == Stmt::Kind::Store && s.store.index.affine() && s.store.index.coef(v) == 1)
+        widest = std::max(widest, itemsize(k.buffers.at(s.store.buffer).dtype));
+    });
+  }
+  if (widest == 0 || widest > 8) return vecs;
+  const int vec = 16 / widest;
+  bool any_nest = false;
+  for (size_t n = 0; n < nests.size(); ++n) {
+    const LoopNest& nest = nests[n];
+    const std::string& v = nest.loops.back()->var;
+    if (nest.loops.back()->extent % vec != 0) continue;
+    bool ok = true, any = false;
+    auto aligned = [&](const Index& ix) {
+      if (ix.constant % vec != 0) return false;
+      for (const auto& [var, coef] : ix.terms)
+        if (var != v && coef % vec != 0) return false;
+      return true;
+    };
+    for (const Stmt& s : *nest.body) {
+      if (s.kind == Stmt::Kind::Loop) ok = false;
+      if (s.kind == Stmt::Kind::Store) {
+        const Index& ix = s.store.index;
+        ok &= ix.affine() && ix.coef(v) == 1 && aligned(ix);
+        any = true;
+      }
+      if (s.kind == Stmt::Kind::Load && s.load.index.affine() && s.load.index.coef(v) == 1) {
+        ok &= aligned(s.load.index);
+        any = true;
+      }
+    }
+    if (ok && any) {
+      vecs[n] = vec;
+      any_nest = true;
+    }
+  }
+  if (!any_nest) std::fill(vecs.begin(), vecs.end(), 0);
+  return vecs;
+}
+
+// Whether a load of a vectorized nest reads `vec` consecutive elements (one kr_vec access).
+bool vector_access(const Index& ix, const LoopNest& nest) {
+  return ix.affine() && ix.coef(nest.loops.back()->var) == 1;
+}
+
+// Collects the Reduce/Inner nests of an outer point, in order.
+std::vector<LoopNest> point_nests(const Analysis& a) {
+  std::vector<LoopNest> nests;
+  for (const Stmt& s : *a.point)
+    if (s.kind == Stmt::Kind::Loop) nests.push_back(nest_of(s.loop.get()));
+  return nests;
+}
+
+// One vectorized nest of the block variant: trip kr_k of thread kr_tid handles the group
+// kr_g = kr_tid + kr_k * threads of `vec` consecutive innermost elements; its unit-stride loads
+// are read with kr_load_vec before the lanes run, its stores written with kr_store_vec after.
+void emit_vector_nest(Emitter& e, const LoopNest& nest, int nt, int vec,
+                      const RegisterCache& cache) {
+  Out& o = e.out;
+  const Kernel& k = e.k;
+  const std::string v = nest.loops.back()->var;
+  const std::string lanes = std::to_string(vec);
+  const int64_t groups = nest.extent / vec;
+  const int64_t trips = (groups + nt - 1) / nt;
+  const Rename base{{v, "kr_vb"}};
+  const std::string slot = "[kr_k * " + lanes + " + kr_l]";
+  for (const Stmt& b : *nest.body) {
+    if (auto it = cache.first.find(&b); it != cache.first.end())
+      e.after[&b] = it->second + slot + " = " + b.load.var + ";";
+    if (auto it = cache.reuse.find(&b); it != cache.reuse.end())
+      e.replace[&b] = std::string("const ") + kir::ctype(b.load.dtype) + " " + b.load.var +
+                      " = " + it->second + slot + ";";
+  }
+  o.line(2, trips * vec <= register_cache_max(nt) ? "#pragma unroll" : "#pragma unroll 4");
+  o.line(2, "for (" + e.vt() + " kr_k = 0; kr_k < " + std::to_string(trips) + "; ++kr_k) {");
+  o.line(3, "const " + e.ft() + " kr_g = kr_tid + (" + e.ft() + ")kr_k * " + std::to_string(nt) +
+                e.fsuf() + ";");
+  int d = 3;
+  if (groups % nt != 0) {
+    o.line(3, "if (kr_g < " + std::to_string(groups) + e.fsuf() + ") {");
+    d = 4;
+  }
+  auto dims = dims_of(nest);
+  dims.back() = {"kr_vg", dims.back().second / vec};
+  e.recover(dims, "kr_g", d);
+  o.line(d, "const " + e.vt() + " kr_vb = kr_vg * " + lanes + ";");
+  for (size_t j = 0; j + 1 < nest.loops.size(); ++j)
+    o.line(d, "(void)" + nest.loops[j]->var + ";");
+  std::vector<std::string> stores_after;
+  int n = 0;
+  for (const Stmt& b : *nest.body) {
+    if (b.kind == Stmt::Kind::Load && vector_access(b.load.index, nest) &&
+        !e.replace.count(&b)) {
+      const kir::Buffer& buf = k.buffers.at(b.load.buffer);
+      const std::string st = kir::ctype(buf.dtype);
+      const std::string reg = "kr_ld" + std::to_string(n++);
+      o.line(d, "const kr_vec<" + st + ", " + lanes + "> " + reg + " = kr_load_vec<" + st + ", " +
+                    lanes + ">(" + buf.name + " + " + index_expr(b.load.index, base) + ");");
+      e.replace[&b] = std::string("const ") + kir::ctype(b.load.dtype) + " " + b.load.var +
+                      " = " + load_conv(buf.dtype, b.load.dtype, reg + ".v[kr_l]") + ";";
+    } else if (b.kind == Stmt::Kind::Store) {
+      const kir::Buffer& buf = k.buffers.at(b.store.buffer);
+      const std::string st = kir::ctype(buf.dtype);
+      const std::string reg = "kr_st" + std::to_string(n++);
+      o.line(d, "kr_vec<" + st + ", " + lanes + "> " + reg + ";");
+      e.replace[&b] = reg + ".v[kr_l] = " + store_conv(buf.dtype, b.store.value) + ";";
+      stores_after.push_back("kr_store_vec<" + st + ", " + lanes + ">(" + buf.name + " + " +
+                             index_expr(b.store.index, base) + ", " + reg + ");");
+    }
+  }
+  o.line(d, "#pragma unroll");
+  o.line(d, "for (int kr_l = 0; kr_l < " + lanes + "; ++kr_l) {");
+  o.line(d + 1, "const " + e.vt() + " " + v + " = kr_vb + kr_l;");
+  o.line(d + 1, "(void)" + v + ";"); // unused when every read is cached or a vector
+  e.serial(*nest.body, d + 1);
+  o.line(d, "}");
+  for (const std::string& st : stores_after) o.line(d, st);
+  if (d == 4) o.line(3, "}");
+  o.line(2, "}");
+  e.replace.clear();
+  e.after.clear();
+}
+
+// `vecs` empty: the scalar variant; otherwise the width per nest (block_vector_plan).
+void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& plan,
+                       const std::vector<int>& vecs_in = {}) {
   Out& o = e.out;
   const Analysis& a = e.a;
   const int nt = plan.threads;
@@ -485,7 +635,9 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
     }
     if (s.kind == Stmt::Kind::AccInit) point_accs.insert(s.acc.var);
   }
-  const RegisterCache cache = plan_cache(e, nests, nt);
+  const std::vector<int> vecs = vecs_in.empty() ? std::vector<int>(nests.size(), 0) : vecs_in;
+  KR_INTERNAL(vecs.size() == nests.size(), "CUDA emitter: vector plan of another kernel");
+  const RegisterCache cache = plan_cache(e, nests, nt, vecs);
 
   o.line(0, "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(nt * ppb) + ") " +
                 name + "(" + e.params() + ") {");
@@ -510,30 +662,35 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       continue;
     }
     const LoopNest& nest = nests[nest_of_stmt.at(&s)];
-    const int64_t trips = (nest.extent + nt - 1) / nt;
-    for (const Stmt& b : *nest.body) {
-      if (auto it = cache.first.find(&b); it != cache.first.end())
-        e.after[&b] = it->second + "[kr_k] = " + b.load.var + ";";
-      if (auto it = cache.reuse.find(&b); it != cache.reuse.end())
-        e.replace[&b] = std::string("const ") + kir::ctype(b.load.dtype) + " " + b.load.var +
-                        " = " + it->second + "[kr_k];";
+    const int vec = vecs[nest_of_stmt.at(&s)];
+    if (vec > 1) {
+      emit_vector_nest(e, nest, nt, vec, cache);
+    } else {
+      const int64_t trips = (nest.extent + nt - 1) / nt;
+      for (const Stmt& b : *nest.body) {
+        if (auto it = cache.first.find(&b); it != cache.first.end())
+          e.after[&b] = it->second + "[kr_k] = " + b.load.var + ";";
+        if (auto it = cache.reuse.find(&b); it != cache.reuse.end())
+          e.replace[&b] = std::string("const ") + kir::ctype(b.load.dtype) + " " + b.load.var +
+                          " = " + it->second + "[kr_k];";
+      }
+      o.line(2, trips <= register_cache_max(nt) ? "#pragma unroll" : "#pragma unroll 4");
+      o.line(2, "for (" + e.vt() + " kr_k = 0; kr_k < " + std::to_string(trips) + "; ++kr_k) {");
+      o.line(3, "const " + e.ft() + " kr_r = kr_tid + (" + e.ft() + ")kr_k * " +
+                    std::to_string(nt) + e.fsuf() + ";");
+      int d = 3;
+      if (nest.extent % nt != 0) {
+        o.line(3, "if (kr_r < " + std::to_string(nest.extent) + e.fsuf() + ") {");
+        d = 4;
+      }
+      e.recover(dims_of(nest), "kr_r", d);
+      for (const Loop* l : nest.loops) o.line(d, "(void)" + l->var + ";"); // unused when cached
+      e.serial(*nest.body, d);
+      if (d == 4) o.line(3, "}");
+      o.line(2, "}");
+      e.replace.clear();
+      e.after.clear();
     }
-    o.line(2, trips <= register_cache_max(nt) ? "#pragma unroll" : "#pragma unroll 4");
-    o.line(2, "for (" + e.vt() + " kr_k = 0; kr_k < " + std::to_string(trips) + "; ++kr_k) {");
-    o.line(3, "const " + e.ft() + " kr_r = kr_tid + (" + e.ft() + ")kr_k * " +
-                  std::to_string(nt) + e.fsuf() + ";");
-    int d = 3;
-    if (nest.extent % nt != 0) {
-      o.line(3, "if (kr_r < " + std::to_string(nest.extent) + e.fsuf() + ") {");
-      d = 4;
-    }
-    e.recover(dims_of(nest), "kr_r", d);
-    for (const Loop* l : nest.loops) o.line(d, "(void)" + l->var + ";"); // unused when cached
-    e.serial(*nest.body, d);
-    if (d == 4) o.line(3, "}");
-    o.line(2, "}");
-    e.replace.clear();
-    e.after.clear();
     if (nest.kind != LoopKind::Reduce) continue;
     // Combine the threads' partial accumulators; every thread gets the result.
     std::vector<std::string> updated;
@@ -637,6 +794,14 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
       r.launch.grid[0] =
           clamp_grid((a.points + plan.points_per_block - 1) / plan.points_per_block);
       emit_block_kernel(e, r.entry, plan);
+      const std::vector<int> vecs = block_vector_plan(k, point_nests(a));
+      if (const int vec = *std::max_element(vecs.begin(), vecs.end()); vec > 1) {
+        r.vec = vec;
+        r.entry_vec = k.name + "_vec";
+        r.launch_vec = r.launch; // the same threads: as many elements per thread
+        out.line(0, "");
+        emit_block_kernel(e, r.entry_vec, plan, vecs);
+      }
     }
   }
   r.source = std::string(embedded_file("kr_cuda.cuh")) + "\n" + out.os.str();

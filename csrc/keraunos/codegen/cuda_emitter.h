@@ -20,6 +20,14 @@
 //              loops, and accumulators are all-reduced (shuffles + shared memory) after each Reduce
 //              loop. When a row fits in registers (<= 16 values per thread), loads of one buffer at
 //              the same index in several loops of the row are read once and kept in registers.
+//              Warp and block kernels get a vectorized entry too when a Reduce/Inner loop reads or
+//              writes along its innermost variable (coefficient 1), its extent is a multiple of
+//              VEC = 16 bytes / the widest item accessed that way, and the other coefficients and
+//              the constant keep the alignment: each thread then takes VEC consecutive elements
+//              per trip (16-byte loads/stores, 8-byte ones for narrower buffers of a mixed
+//              kernel), the same per-element math, the same threads and launch; loops that do not
+//              qualify stay scalar in it. Launch it only when every buffer pointer is 16-byte
+//              aligned.
 //   A kernel without loops runs on one thread.
 #pragma once
 #include "keraunos/codegen/kernel_ir.h"
@@ -51,7 +59,8 @@ struct CudaKernelSource {
                          // 16-byte aligned (the launcher checks)
   CudaLaunch launch, launch_vec;
   std::string schedule;  // "pointwise", "thread", "warp" or "block" (for tests and dumps)
-  int vec = 1;           // elements per thread and trip of entry_vec
+  int vec = 1;           // elements per thread and trip of entry_vec (per vectorized loop of a
+                         // warp/block kernel)
 };
 
 CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev);
