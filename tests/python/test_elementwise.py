@@ -383,3 +383,29 @@ def test_inplace_bitwise(name):
         return a
 
     check(f, torch.randint(0, 64, (4, 5)), torch.randint(0, 64, (5,)))
+
+
+_LARGE_OUTPUT_SCRIPT = """
+import torch, keraunos
+x = torch.randn(1 << 21)
+y = torch.randn(1024, 2048)
+jf = keraunos.jit(lambda a, b: ((a.sin() * 2).exp(), b.t() + 1, b.softmax(-1)))
+for ours, ref in zip(jf(x, y), ((x.sin() * 2).exp(), y.t() + 1, y.softmax(-1))):
+    torch.testing.assert_close(ours, ref)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("huge_pages", ["1", "0"])
+def test_large_cpu_outputs(huge_pages):
+    """Outputs of 4 MiB and more are advised as transparent huge pages before the kernel first
+    writes them (KERAUNOS_HUGEPAGES=0: not); results are the same either way."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KERAUNOS_HUGEPAGES=huge_pages)
+    r = subprocess.run(
+        [sys.executable, "-c", _LARGE_OUTPUT_SCRIPT], env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

@@ -313,6 +313,30 @@ def test_softmax_edge_cases():
     check(lambda a: a.softmax(1), torch.randn(6, 5).t())
 
 
+def test_cpu_softmax_computes_exp_once():
+    """On the CPU the sum pass stores exp(x - max) into the output and the last pass rescales
+    it in place (reuse_reduced_values); outputs of a lower-precision dtype, or a value that the
+    last pass computes differently, keep the recomputation."""
+    import keraunos
+
+    x = torch.randn(7, 33) * 4
+    jf = keraunos.jit(lambda a: a.softmax(-1))
+    torch.testing.assert_close(jf(x), x.softmax(-1))
+    ir = keraunos.last_traces(jf)[-1].kernels[0].ir
+    reduce_body = ir.split("reduce ")[2].split("inner ")[0]
+    assert "kr_exp" in reduce_body and "store out0" in reduce_body, ir
+    assert "kr_exp" not in ir.split("inner ")[1], ir
+    # Two softmaxes of one input, one per output: each caches into its own buffer.
+    jf2 = keraunos.jit(lambda a: (a.softmax(-1), (a * 2).softmax(-1)))
+    for ours, ref in zip(jf2(x), (x.softmax(-1), (x * 2).softmax(-1))):
+        torch.testing.assert_close(ours, ref)
+    # bfloat16 output: the cached float value would be rounded, so it is recomputed.
+    xb = x.to(torch.bfloat16)
+    jb = keraunos.jit(lambda a: a.softmax(-1))
+    torch.testing.assert_close(jb(xb), xb.softmax(-1))
+    assert "store out0" not in keraunos.last_traces(jb)[-1].kernels[0].ir.split("inner ")[0]
+
+
 def test_softmax_int_error():
     import keraunos
 

@@ -5,6 +5,7 @@
 
 #include "keraunos/ir/error.h"
 
+#include <cctype>
 #include <sstream>
 
 namespace keraunos::kir {
@@ -81,6 +82,33 @@ std::string Index::str() const {
     os << constant;
   }
   return os.str();
+}
+
+std::string map_identifiers(const std::string& expr,
+                            const std::function<std::string(const std::string&)>& fn) {
+  auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  std::string out;
+  out.reserve(expr.size());
+  size_t i = 0;
+  while (i < expr.size()) {
+    char c = expr[i];
+    if (std::isdigit(static_cast<unsigned char>(c)) || c == '.') {
+      // A numeric literal, hexadecimal floats included: its letters are not identifiers.
+      size_t j = i;
+      while (j < expr.size() && (word(expr[j]) || expr[j] == '.')) ++j;
+      out.append(expr, i, j - i);
+      i = j;
+    } else if (word(c)) {
+      size_t j = i;
+      while (j < expr.size() && word(expr[j])) ++j;
+      out += fn(expr.substr(i, j - i));
+      i = j;
+    } else {
+      out += c;
+      ++i;
+    }
+  }
+  return out;
 }
 
 const char* reduce_op_name(ReduceOp op) {

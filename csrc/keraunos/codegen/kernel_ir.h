@@ -34,6 +34,7 @@
 #include "keraunos/ir/types.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -143,6 +144,12 @@ struct Stmt {
   static Stmt of(AccUpdate u);
   static Stmt of(Store s);
 };
+
+// `expr` with every C identifier in it (variables, helper names, keywords; not the letters of
+// numeric literals such as 0x1p+3) replaced by `fn(identifier)`. Passes over the kernel IR use it
+// to rename variables inside the C expressions of Let statements and opaque indices.
+std::string map_identifiers(const std::string& expr,
+                            const std::function<std::string(const std::string&)>& fn);
 
 struct Kernel {
   std::string name; // a C identifier, unique within its program

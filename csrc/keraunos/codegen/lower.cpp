@@ -1,5 +1,7 @@
 #include "keraunos/codegen/lower.h"
 
+#include "keraunos/codegen/reuse_reduced_values.h"
+
 #include "keraunos/ir/error.h"
 #include "keraunos/ops/meta.h"
 
@@ -934,6 +936,8 @@ private:
         for (size_t i = 0; i < order.size(); ++i) gen.close();
       k.body = gen.finish();
       mark_inner(k.body);
+      // CPU kernels re-read rows from cache cheaply; GPU kernels prefer recomputing.
+      if (device_ == DeviceType::CPU) reuse_reduced_values(k);
       kir::hoist_invariants(k.body);
       for (const auto& t : g) loadable.insert(t.get());
       calls.push_back(std::move(call));
