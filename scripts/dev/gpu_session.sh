@@ -41,6 +41,12 @@ for step in $STEPS; do
       echo "no GoogleTest on this machine" | tee "$OUT/cpptests.log"
     fi
     ;;
+  sweep)
+    # Schedule parameters (scripts/dev/tune_sweep.sh; needs the cpptests build): SWEEP="spec;spec".
+    stamp "tuning sweep"
+    IFS=';' read -r -a specs <<<"${SWEEP:-max_cluster=8}"
+    OUT="$OUT" scripts/dev/tune_sweep.sh "${specs[@]}"
+    ;;
   cudatests)
     stamp "test_cuda + test_nvrtc"
     (cd tests/python && timeout 300 python3 -m pytest -q -p no:cacheprovider test_cuda.py test_nvrtc.py) >"$OUT/cudatests.log" 2>&1
