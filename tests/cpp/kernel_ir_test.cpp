@@ -61,3 +61,47 @@ TEST(KernelIr, ParallelLoopsKeepTheirLets) {
   hoist_invariants(k.body);
   EXPECT_EQ(k.str(), before);
 }
+
+TEST(KernelIr, FusesIndependentSiblingReductions) {
+  Kernel k;
+  k.name = "sum_and_sumsq";
+  k.buffers = {buffer("in0", DType::Float32, false, {4, 8}),
+               buffer("out0", DType::Float32, true, {4})};
+  auto row = [](const char* v) { return idx({{"i0", 8}, {v, 1}}); };
+  k.body = {par("i0", 4,
+                {acc("a0", DType::Float32, ReduceOp::Sum),
+                 red("r0", 8, {load("v0", DType::Float32, 0, row("r0")),
+                               update("a0", ReduceOp::Sum, "v0")}),
+                 let("v1", DType::Float32, "(a0 / 8.0f)"),
+                 acc("a1", DType::Float64, ReduceOp::Sum),
+                 red("r1", 8, {load("v2", DType::Float32, 0, row("r1")),
+                               let("v3", DType::Float64, "((double)v2 * (double)r1)"),
+                               update("a1", ReduceOp::Sum, "v3")}),
+                 // Reads the first loop's result: stays a separate pass.
+                 acc("a2", DType::Float32, ReduceOp::Max),
+                 red("r2", 8, {load("v4", DType::Float32, 0, row("r2")),
+                               let("v5", DType::Float32, "(v4 - v1)"),
+                               update("a2", ReduceOp::Max, "v5")}),
+                 let("v6", DType::Float32, "(v1 + (float)a1 + a2)"),
+                 store(1, idx({{"i0", 1}}), "v6")})};
+  fuse_sibling_reductions(k.body);
+  EXPECT_EQ(k.str(), R"(kernel sum_and_sumsq(in0: f32[4, 8], out0: f32[4]):
+  parallel i0 < 4:
+    acc a0 sum
+    acc a1 sum
+    reduce r0 < 8:
+      v0 = load in0[8 * i0 + r0]
+      update a0 sum v0
+      v2 = load in0[8 * i0 + r0]
+      let v3 = ((double)v2 * (double)r0)
+      update a1 sum v3
+    let v1 = (a0 / 8.0f)
+    acc a2 max
+    reduce r2 < 8:
+      v4 = load in0[8 * i0 + r2]
+      let v5 = (v4 - v1)
+      update a2 max v5
+    let v6 = (v1 + (float)a1 + a2)
+    store out0[i0] = v6
+)");
+}

@@ -284,4 +284,98 @@ void hoist_invariants(Block& body) {
   body = std::move(out);
 }
 
+namespace {
+
+bool has_loop(const Block& b) {
+  return std::any_of(b.begin(), b.end(), [](const Stmt& s) { return s.kind == Stmt::Kind::Loop; });
+}
+
+// Renames loop variable `from` to `to` in a loop body without nested loops.
+void rename_loop_var(Block& b, const std::string& from, const std::string& to) {
+  auto sub = [&](const std::string& id) { return id == from ? to : id; };
+  auto fix = [&](Index& ix) {
+    for (auto& [var, coef] : ix.terms)
+      if (var == from) var = to;
+    if (!ix.opaque.empty()) ix.opaque = map_identifiers(ix.opaque, sub);
+  };
+  for (Stmt& s : b) {
+    if (s.kind == Stmt::Kind::Load) fix(s.load.index);
+    if (s.kind == Stmt::Kind::Store) fix(s.store.index);
+    if (s.kind == Stmt::Kind::Let) s.let.expr = map_identifiers(s.let.expr, sub);
+  }
+}
+
+bool block_mentions(const Block& b, const std::vector<std::string>& names) {
+  auto any = [&](const std::string& text) {
+    return std::any_of(names.begin(), names.end(),
+                       [&](const std::string& n) { return mentions(text, n); });
+  };
+  for (const Stmt& s : b) {
+    if (s.kind == Stmt::Kind::Load && (any(s.load.index.str()))) return true;
+    if (s.kind == Stmt::Kind::Let && any(s.let.expr)) return true;
+    if (s.kind == Stmt::Kind::AccUpdate && (any(s.update.value) || any(s.update.var)))
+      return true;
+    if (s.kind == Stmt::Kind::Store && (any(s.store.value) || any(s.store.index.str())))
+      return true;
+  }
+  return false;
+}
+
+} // namespace
+
+void fuse_sibling_reductions(Block& body) {
+  for (Stmt& s : body)
+    if (s.kind == Stmt::Kind::Loop && s.loop->kind == LoopKind::Parallel)
+      fuse_sibling_reductions(s.loop->body);
+  for (size_t i = 0; i < body.size(); ++i) {
+    if (body[i].kind != Stmt::Kind::Loop || body[i].loop->kind != LoopKind::Reduce ||
+        has_loop(body[i].loop->body))
+      continue;
+    for (;;) {
+      Loop& first = *body[i].loop;
+      // The statements after `first` up to the next loop: lets and declarations only.
+      size_t j = i + 1;
+      while (j < body.size() &&
+             (body[j].kind == Stmt::Kind::Let || body[j].kind == Stmt::Kind::AccInit))
+        ++j;
+      if (j == body.size() || body[j].kind != Stmt::Kind::Loop) break;
+      Loop& second = *body[j].loop;
+      if (second.kind != LoopKind::Reduce || second.extent != first.extent ||
+          has_loop(second.body))
+        break;
+      std::vector<std::string> blocked;
+      updated_accs(first.body, blocked);
+      std::vector<std::string> declared;
+      for (size_t m = i + 1; m < j; ++m) {
+        if (body[m].kind == Stmt::Kind::Let) blocked.push_back(body[m].let.var);
+        if (body[m].kind == Stmt::Kind::AccInit) declared.push_back(body[m].acc.var);
+      }
+      if (block_mentions(second.body, blocked)) break;
+      // The lets between must not read what the second loop updates (they run after it now).
+      std::vector<std::string> updated2;
+      updated_accs(second.body, updated2);
+      bool lets_ok = true;
+      for (size_t m = i + 1; m < j; ++m)
+        if (body[m].kind == Stmt::Kind::Let)
+          for (const std::string& n : updated2) lets_ok &= !mentions(body[m].let.expr, n);
+      if (!lets_ok) break;
+      rename_loop_var(second.body, second.var, first.var);
+      for (Stmt& b : second.body) first.body.push_back(std::move(b));
+      Block decls, lets;
+      for (size_t m = i + 1; m < j; ++m)
+        (body[m].kind == Stmt::Kind::AccInit ? decls : lets).push_back(std::move(body[m]));
+      Stmt merged = std::move(body[i]);
+      Block rebuilt(std::make_move_iterator(body.begin()),
+                    std::make_move_iterator(body.begin() + static_cast<std::ptrdiff_t>(i)));
+      for (Stmt& d : decls) rebuilt.push_back(std::move(d));
+      const size_t at = rebuilt.size();
+      rebuilt.push_back(std::move(merged));
+      for (Stmt& l : lets) rebuilt.push_back(std::move(l));
+      for (size_t m = j + 1; m < body.size(); ++m) rebuilt.push_back(std::move(body[m]));
+      body = std::move(rebuilt);
+      i = at; // try the next loop against the merged one
+    }
+  }
+}
+
 } // namespace keraunos::kir

@@ -172,4 +172,11 @@ struct Kernel {
 // loops keep their lets (backends map them to threads; the tree starts with them).
 void hoist_invariants(Block& body);
 
+// Merges a Reduce loop into an earlier one of the same extent when only lets and accumulator
+// declarations stand between them and the later loop reads nothing they define nor any
+// accumulator the earlier one updates: layer_norm's float sum (the mean) and double sum (the
+// variance's mean) become one pass over the row. The declarations move before the merged loop,
+// the lets after it. Loops whose bodies hold loops are left alone.
+void fuse_sibling_reductions(Block& body);
+
 } // namespace keraunos::kir

@@ -936,6 +936,7 @@ private:
         for (size_t i = 0; i < order.size(); ++i) gen.close();
       k.body = gen.finish();
       mark_inner(k.body);
+      kir::fuse_sibling_reductions(k.body);
       // CPU kernels re-read rows from cache cheaply; GPU kernels prefer recomputing.
       if (device_ == DeviceType::CPU) reuse_reduced_values(k);
       kir::hoist_invariants(k.body);
