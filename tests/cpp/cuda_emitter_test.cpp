@@ -176,9 +176,9 @@ TEST(CudaEmitter, SoftmaxShapes) {
     const CudaKernelSource s = emit_cuda(k, kH200);
     EXPECT_EQ(s.schedule, cols <= 256 ? "warp" : cols > 16384 ? "cluster" : "block");
     if (cols == 300000) { // 74 values per thread: the row is cached in shared memory
-      EXPECT_EQ(s.cluster, 8);
-      EXPECT_EQ(s.launch.shared_mem, 74u * 512 * 4); // 74 values x 512 threads
-      EXPECT_TRUE(has(kernels(s), "kr_c0[(kr_k) * 512 + kr_tid] = v0;")) << kernels(s);
+      EXPECT_EQ(s.cluster, 16);
+      EXPECT_EQ(s.launch.shared_mem, 74u * 256 * 4); // 74 values x 256 threads
+      EXPECT_TRUE(has(kernels(s), "kr_c0[(kr_k) * 256 + kr_tid] = v0;")) << kernels(s);
     }
     if (cols == 1000) EXPECT_TRUE(has(kernels(s), "if (kr_r < 1000u) {"));
     if (cols <= 256) {
@@ -192,7 +192,7 @@ TEST(CudaEmitter, SoftmaxShapes) {
 }
 
 // Rows longer than a block's registers: a cluster of blocks per row (sm_90), the row cached in
-// registers (up to 8 blocks x 512 threads x 16 values), then in shared memory; read once.
+// registers (up to 16 blocks x 256 threads x 32 values), then in shared memory; read once.
 TEST(CudaEmitter, LongRowsRunOneClusterPerRow) {
   struct Case {
     int64_t cols;
@@ -201,9 +201,9 @@ TEST(CudaEmitter, LongRowsRunOneClusterPerRow) {
     const char* cache;
   };
   for (const Case& c :
-       {Case{32768, 4, 0, "float kr_c0[16];"}, Case{65536, 8, 0, "float kr_c0[16];"},
-        Case{131072, 8, 32 * 512 * 4, "float* const kr_c0 = reinterpret_cast<float*>(kr_dyn + 0);"},
-        Case{262144, 8, 64 * 512 * 4,
+       {Case{32768, 4, 0, "float kr_c0[32];"}, Case{65536, 8, 0, "float kr_c0[32];"},
+        Case{131072, 16, 0, "float kr_c0[32];"},
+        Case{262144, 16, 64 * 256 * 4,
              "float* const kr_c0 = reinterpret_cast<float*>(kr_dyn + 0);"}}) {
     SCOPED_TRACE(c.cols);
     const Kernel k = softmax(512, c.cols);
@@ -211,13 +211,13 @@ TEST(CudaEmitter, LongRowsRunOneClusterPerRow) {
     const std::string src = kernels(s);
     EXPECT_EQ(s.schedule, "cluster");
     EXPECT_EQ(s.cluster, c.cluster);
-    EXPECT_EQ(s.launch.block[0], 512u);
+    EXPECT_EQ(s.launch.block[0], 256u);
     EXPECT_EQ(s.launch.grid[0], 512u * c.cluster);
     EXPECT_EQ(s.launch.shared_mem, c.smem);
     EXPECT_EQ(s.launch_vec.shared_mem, c.smem);
     EXPECT_TRUE(has(src, "__cluster_dims__(" + std::to_string(c.cluster) + ", 1, 1)")) << src;
     EXPECT_TRUE(has(src, c.cache)) << src;
-    EXPECT_TRUE(has(src, "const int kr_rt = (int)kr_rank * 512 + kr_tid;")) << src;
+    EXPECT_TRUE(has(src, "const int kr_rt = (int)kr_rank * 256 + kr_tid;")) << src;
     EXPECT_TRUE(has(src, "a0 = kr_cluster_allreduce<KR_MAX, " + std::to_string(c.cluster) +
                              ", float>(a0, kr_cs, kr_ph);"))
         << src;
@@ -294,8 +294,8 @@ TEST(CudaEmitter, ZeroDimKernelsRunOneThreadOrOneBlock) {
             store(1, idx({}), "a0")};
   s = emit_cuda(k, kH200);
   EXPECT_EQ(s.schedule, "cluster");
-  EXPECT_EQ(s.cluster, 8);
-  EXPECT_EQ(s.launch.grid[0], 8u);
+  EXPECT_EQ(s.cluster, 16);
+  EXPECT_EQ(s.launch.grid[0], 16u);
   EXPECT_TRUE(has(kernels(s), "const int64_t v0 = (int64_t)(in0[r0]);")) << kernels(s);
   EXPECT_TRUE(has(kernels(s), "if (kr_tid == 0 && kr_rank == 0) out0[0]")) << kernels(s);
   EXPECT_COMPILES(k);
@@ -317,7 +317,8 @@ TEST(CudaEmitter, MultiDimReductionFlattensAndIntegerMax) {
   const CudaKernelSource s = emit_cuda(k, kH200);
   EXPECT_EQ(s.schedule, "block");
   const std::string src = kernels(s);
-  EXPECT_TRUE(has(src, "if (kr_r < 1920u) {")) << src;
+  EXPECT_EQ(s.launch.block[0], 128u); // 7.5 KB of int32 per row: ~64 bytes per thread
+  EXPECT_FALSE(has(src, "if (kr_r <")) << "1920 = 15 x 128: no guard " << src;
   EXPECT_TRUE(has(src, "const int r1 = (int)(kr_r % 40u);")) << src;
   EXPECT_COMPILES(k);
 }
@@ -351,16 +352,16 @@ TEST(CudaEmitter, BlockRmsNormBFloat16IsVectorized) {
   EXPECT_EQ(s.vec, 8); // 8 x 2 bytes
   EXPECT_EQ(s.launch_vec.block[0], s.launch.block[0]);
   EXPECT_EQ(s.launch_vec.grid[0], s.launch.grid[0]);
-  EXPECT_EQ(s.launch.block[0], 512u);
+  EXPECT_EQ(s.launch.block[0], 256u); // 16 KB rows: ~64 bytes per thread
   const std::string scalar = kernels(s).substr(0, kernels(s).find(s.entry_vec + "("));
   EXPECT_FALSE(has(scalar, "kr_load_vec")) << "the scalar variant stays scalar: " << scalar;
   const std::string v = vec_kernel(s);
-  // 1024 groups of 8 over 512 threads: two trips, no guard; the row (16 values) in registers.
-  EXPECT_TRUE(has(v, "const unsigned kr_g = kr_tid + (unsigned)kr_k * 512u;")) << v;
-  EXPECT_TRUE(has(v, "for (int kr_k = 0; kr_k < 2; ++kr_k) {")) << v;
+  // 1024 groups of 8 over 256 threads: four trips, no guard; the row (32 values) in registers.
+  EXPECT_TRUE(has(v, "const unsigned kr_g = kr_tid + (unsigned)kr_k * 256u;")) << v;
+  EXPECT_TRUE(has(v, "for (int kr_k = 0; kr_k < 4; ++kr_k) {")) << v;
   EXPECT_FALSE(has(v, "if (kr_g <")) << v;
   EXPECT_TRUE(has(v, "const int kr_vb = kr_vg * 8;")) << v;
-  EXPECT_TRUE(has(v, "float kr_c0[16];")) << v;
+  EXPECT_TRUE(has(v, "float kr_c0[32];")) << v;
   EXPECT_TRUE(has(v, "kr_load_vec<uint16_t, 8>(in0 + 8192 * i0 + kr_vb)")) << v;
   EXPECT_EQ(count(v, "kr_load_vec<uint16_t, 8>(in0"), 1u) << "x is read once: " << v;
   EXPECT_TRUE(has(v, "const float v0 = kr_bf2f(kr_ld0.v[kr_l]);")) << v;
@@ -370,7 +371,7 @@ TEST(CudaEmitter, BlockRmsNormBFloat16IsVectorized) {
   EXPECT_TRUE(has(v, "kr_st1.v[kr_l] = kr_f2bf(v5);")) << v;
   EXPECT_TRUE(has(v, "kr_store_vec<uint16_t, 8>(out0 + 8192 * i0 + kr_vb, kr_st1);")) << v;
   EXPECT_TRUE(has(v, "const int r0 = kr_vb + kr_l;")) << v;
-  EXPECT_TRUE(has(v, "a0 = kr_block_allreduce<KR_SUM, 512, float>(a0, kr_smem);")) << v;
+  EXPECT_TRUE(has(v, "a0 = kr_block_allreduce<KR_SUM, 256, float>(a0, kr_smem);")) << v;
   EXPECT_FALSE(has(v, "in0[")) << "no scalar reads of x: " << v;
   EXPECT_COMPILES(k);
 }
@@ -411,7 +412,7 @@ TEST(CudaEmitter, BlockVectorizationShapes) {
     const CudaKernelSource s = emit_cuda(softmax(8, 300000, DType::BFloat16), kH200);
     EXPECT_EQ(s.vec, 8);
     // A cluster per row, the row cached in shared memory: read once.
-    EXPECT_TRUE(has(vec_kernel(s), "kr_c0[(kr_k * 8 + kr_l) * 512 + kr_tid]")) << vec_kernel(s);
+    EXPECT_TRUE(has(vec_kernel(s), "kr_c0[(kr_k * 8 + kr_l) * 256 + kr_tid]")) << vec_kernel(s);
     EXPECT_EQ(count(vec_kernel(s), "kr_load_vec<uint16_t, 8>(in0"), 1u) << vec_kernel(s);
     EXPECT_COMPILES(softmax(8, 300000, DType::BFloat16));
   }

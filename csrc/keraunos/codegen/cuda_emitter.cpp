@@ -874,6 +874,14 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
       });
     }
     const bool columns = column_access && !row_access && a.points >= int64_t{dev.sm_count} * 256;
+    // The widest item the point's loops load.
+    int64_t row_itemsize = 1;
+    for (const Stmt& s : *a.point)
+      if (s.kind == Stmt::Kind::Loop)
+        visit(s.loop->body, [&](const Stmt& b) {
+          if (b.kind == Stmt::Kind::Load)
+            row_itemsize = std::max<int64_t>(row_itemsize, itemsize(k.buffers.at(b.load.buffer).dtype));
+        });
     if (longest <= 16 || columns) {
       r.schedule = "thread";
       r.launch = grid_stride_launch(a.points);
@@ -911,13 +919,15 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
                                       : std::max(0, dev.shared_mem_optin - 4096);
       } else {
         r.schedule = "block";
-        // 8 elements per thread up to rows of 4k (128..512 threads), then 512 threads up to 16k
-        // (the row stays in registers), 1024 beyond. On an H200 (fp32, % of a device copy's
-        // bandwidth): layer_norm on rows of 8k got 67% at 1024 threads and 97% at 512; softmax,
-        // layer_norm, rms_norm reach 95-98% for rows of 1k-8k, 79-96% at 16k (128 registers,
-        // one block per SM), but only 41-68% for rows of 32k-256k, which are read 2-3 times.
+        // 128..512 threads, then 1024 when the row does not fit in registers (only before
+        // sm_90: longer rows go to clusters). On an H200 (fp32, % of a device copy's bandwidth):
+        // layer_norm on rows of 8k got 67% at 1024 threads and 97% at 512; softmax, layer_norm,
+        // rms_norm reach 93-99% for rows of 1k-16k.
+        // Threads by the row's bytes: ~64 bytes of the widest row buffer per thread (a bf16 row
+        // of 8k elements gets 256 threads, 32 values each: 96% of copy, against 88% at 512).
         const int64_t max_threads = std::min(1024, dev.max_threads_per_block);
-        int64_t threads = std::clamp<int64_t>(pow2_ceil((longest + 7) / 8), 128, 512);
+        int64_t threads =
+            std::clamp<int64_t>(pow2_ceil((longest * row_itemsize + 63) / 64), 128, 512);
         if ((longest + threads - 1) / threads > register_cache_max(static_cast<int>(threads)))
           threads = max_threads;
         if (dev.block_threads > 0) threads = dev.block_threads;
