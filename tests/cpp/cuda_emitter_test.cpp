@@ -304,16 +304,7 @@ TEST(CudaEmitter, ZeroDimKernelsRunOneThreadOrOneBlock) {
 TEST(CudaEmitter, MultiDimReductionFlattensAndIntegerMax) {
   // amax over dims (1, 2) of an int32 [64, 48, 40]: the two Reduce loops flatten into one strided
   // space of 1920.
-  Kernel k;
-  k.name = "amax12";
-  k.buffers = {buffer("in0", DType::Int32, false, {64, 48, 40}),
-               buffer("out0", DType::Int32, true, {64})};
-  k.body = {par("i0", 64,
-                {acc("a0", DType::Int32, ReduceOp::Max),
-                 red("r0", 48, {red("r1", 40, {load("v0", DType::Int32, 0,
-                                                    idx({{"i0", 1920}, {"r0", 40}, {"r1", 1}})),
-                                               update("a0", ReduceOp::Max, "v0")})}),
-                 store(1, idx({{"i0", 1}}), "a0")})};
+  const Kernel k = amax12();
   const CudaKernelSource s = emit_cuda(k, kH200);
   EXPECT_EQ(s.schedule, "block");
   const std::string src = kernels(s);
@@ -436,16 +427,7 @@ TEST(CudaEmitter, BlockVectorizationShapes) {
   {
     // A flattened two-loop reduction (int32 [64, 48, 40] over dims 1, 2): groups of 4 along the
     // innermost loop, the outer one recovered from the group index.
-    Kernel k;
-    k.name = "amax12";
-    k.buffers = {buffer("in0", DType::Int32, false, {64, 48, 40}),
-                 buffer("out0", DType::Int32, true, {64})};
-    k.body = {par("i0", 64,
-                  {acc("a0", DType::Int32, ReduceOp::Max),
-                   red("r0", 48, {red("r1", 40, {load("v0", DType::Int32, 0,
-                                                      idx({{"i0", 1920}, {"r0", 40}, {"r1", 1}})),
-                                                 update("a0", ReduceOp::Max, "v0")})}),
-                   store(1, idx({{"i0", 1}}), "a0")})};
+    const Kernel k = amax12();
     const CudaKernelSource s = emit_cuda(k, kH200);
     EXPECT_EQ(s.vec, 4);
     const std::string v = vec_kernel(s);

@@ -154,6 +154,21 @@ inline Kernel rms_norm_rows(int64_t rows, int64_t cols, DType dt = F32, int64_t 
   return k;
 }
 
+// amax over dims (1, 2) of an int32 [64, 48, 40]: two nested Reduce loops (1920 per row).
+inline Kernel amax12() {
+  Kernel k;
+  k.name = "amax12";
+  k.buffers = {buffer("in0", DType::Int32, false, {64, 48, 40}),
+               buffer("out0", DType::Int32, true, {64})};
+  k.body = {par("i0", 64,
+                {acc("a0", DType::Int32, ReduceOp::Max),
+                 red("r0", 48, {red("r1", 40, {load("v0", DType::Int32, 0,
+                                                    idx({{"i0", 1920}, {"r0", 40}, {"r1", 1}})),
+                                               update("a0", ReduceOp::Max, "v0")})}),
+                 store(1, idx({{"i0", 1}}), "a0")})};
+  return k;
+}
+
 // out0[i0] = sum(in0[i0, :]) / cols: a row mean, one store per row.
 inline Kernel row_mean(int64_t rows, int64_t cols) {
   Kernel k;

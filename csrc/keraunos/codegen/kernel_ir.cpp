@@ -1,10 +1,8 @@
 #include "keraunos/codegen/kernel_ir.h"
 
-#include <algorithm>
-#include <cctype>
-
 #include "keraunos/ir/error.h"
 
+#include <algorithm>
 #include <cctype>
 #include <sstream>
 
@@ -227,17 +225,15 @@ std::string Kernel::str() const {
 
 namespace {
 
-bool is_ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
-
-// Whether `expr` mentions `name` as a whole identifier (not inside a longer name or a literal:
-// hex floats such as 0x1.0c6f7a0b5ed8dp-20 never stand alone).
+// Whether `expr` mentions `name` as a whole identifier (not inside a longer name or a numeric
+// literal such as 0x1.0c6f7a0b5ed8dp-20).
 bool mentions(const std::string& expr, const std::string& name) {
-  for (size_t p = expr.find(name); p != std::string::npos; p = expr.find(name, p + 1)) {
-    const bool left = p == 0 || !is_ident_char(expr[p - 1]);
-    const bool right = p + name.size() == expr.size() || !is_ident_char(expr[p + name.size()]);
-    if (left && right) return true;
-  }
-  return false;
+  bool found = false;
+  map_identifiers(expr, [&](const std::string& id) {
+    found |= id == name;
+    return id;
+  });
+  return found;
 }
 
 void updated_accs(const Block& b, std::vector<std::string>& out) {
