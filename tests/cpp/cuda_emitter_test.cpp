@@ -403,7 +403,12 @@ TEST(CudaEmitter, BlockVectorizationShapes) {
     const CudaKernelSource s = emit_cuda(softmax(8, 300000, DType::BFloat16), kH200);
     EXPECT_EQ(s.vec, 8);
     // A cluster per row, the row cached in shared memory: read once.
-    EXPECT_TRUE(has(vec_kernel(s), "kr_c0[(kr_k * 8 + kr_l) * 256 + kr_tid]")) << vec_kernel(s);
+    // (in the vector layout: trip kr_k's 8 values of a thread together, written once; 300000
+    // is not a whole number of the cluster's groups, so no cp.async prefetch)
+    EXPECT_TRUE(has(vec_kernel(s), "*reinterpret_cast<kr_vec<float, 8>*>(kr_c0 + (kr_k * 256 + "
+                                   "kr_tid) * 8) = kr_cv0;"))
+        << vec_kernel(s);
+    EXPECT_FALSE(has(vec_kernel(s), "kr_cp_async")) << vec_kernel(s);
     EXPECT_EQ(count(vec_kernel(s), "kr_load_vec<uint16_t, 8>(in0"), 1u) << vec_kernel(s);
     EXPECT_COMPILES(softmax(8, 300000, DType::BFloat16));
   }
@@ -460,6 +465,38 @@ TEST(CudaEmitter, BlockVectorizationNeedsWholeAlignedGroups) {
   EXPECT_TRUE(has(vec_kernel(s), "kr_load_vec<float, 4>(in0 + 8192 * i0 + kr_vb + 4)"))
       << vec_kernel(s);
   EXPECT_COMPILES(k);
+}
+
+// Rows cached in shared memory (vectorized entry): persistent clusters copy each row in with
+// cp.async, the next row's copies issued right after the current row's last read of the cache.
+TEST(CudaEmitter, LongRowsPrefetchTheNextRow) {
+  const Kernel k = softmax(1024, 262144);
+  const CudaKernelSource s = emit_cuda(k, kH200);
+  ASSERT_EQ(s.schedule, "cluster");
+  EXPECT_TRUE(s.fit_clusters);
+  const std::string v = vec_kernel(s);
+  const std::string copy =
+      "kr_cp_async<16>(kr_c0 + (kr_k * 256 + kr_tid) * 4, in0 + 262144 * i0_n + kr_vb_n);";
+  EXPECT_EQ(count(v, copy), 2u) << v; // the first row before the loop, then each next row
+  EXPECT_EQ(count(v, "kr_cp_async_wait_all();"), 1u) << v;
+  EXPECT_EQ(count(v, "kr_load_vec<float, 4>(in0"), 0u) << v;
+  // The next row's copies follow the last loop that reads the cache (the output loop).
+  EXPECT_LT(v.find("kr_store_vec<float, 4>(out0"), v.rfind(copy)) << v;
+  EXPECT_TRUE(has(v, "const unsigned kr_pn = kr_p + (unsigned)gridDim.x / 16u;")) << v;
+  // The scalar entry (misaligned pointers) loads plainly.
+  EXPECT_FALSE(has(kernels(s).substr(0, kernels(s).find(v)), "kr_cp_async")) << kernels(s);
+  EXPECT_COMPILES(k);
+  // Off by tuning; a fixed number of persistent clusters; one cluster per row.
+  codegen::CudaDeviceInfo d;
+  codegen::apply_cuda_tuning(d, "cluster_prefetch=0,cluster_persist=8");
+  const CudaKernelSource plain = emit_cuda(k, d);
+  EXPECT_FALSE(has(kernels(plain), "kr_cp_async")) << kernels(plain);
+  EXPECT_EQ(count(vec_kernel(plain), "kr_load_vec<float, 4>(in0"), 1u) << vec_kernel(plain);
+  EXPECT_EQ(plain.launch.grid[0], 8u * 16);
+  EXPECT_FALSE(plain.fit_clusters);
+  codegen::apply_cuda_tuning(d, "cluster_persist=0");
+  EXPECT_EQ(emit_cuda(k, d).launch.grid[0], 1024u * 16);
+  EXPECT_THROW(codegen::apply_cuda_tuning(d, "cluster_persist=-2"), std::exception);
 }
 
 TEST(CudaEmitter, TuningKnobs) {

@@ -106,8 +106,8 @@ std::vector<float> random_floats(size_t n, unsigned seed, float lo = -3, float h
   return v;
 }
 
-uint16_t f2bf(float f) {
-  if (std::isnan(f)) return 0x7FC0;
+uint16_t f2bf(float f) { // as c10 on sm_80+ (cvt.rn.bf16.f32): NaN -> canonical 0x7FFF
+  if (std::isnan(f)) return 0x7FFF;
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);

@@ -424,6 +424,7 @@ struct BlockPlan {
   // Bytes of dynamic shared memory the row cache may use; 0: the cache lives in registers.
   int64_t smem_cache_bytes = 0;
   int64_t reg_values = 0; // values per thread the register cache may hold
+  bool prefetch = false;   // fill shared-memory row caches with cp.async, a row ahead
   int row_threads() const { return threads * cluster; }
   // The thread's index among the row's threads.
   std::string row_tid() const { return cluster > 1 ? "kr_rt" : "kr_tid"; }
@@ -434,6 +435,11 @@ struct BlockPlan {
 // With a shared-memory budget the arrays live in dynamic shared memory instead (rows too long
 // for registers, cluster schedule): value `slot` of thread kr_tid at [slot * threads + kr_tid],
 // so a warp's accesses hit consecutive banks.
+//
+// Shared-memory arrays of vectorized nests use a vector layout instead: trip kr_k's group of
+// `vec` values of thread kr_tid at [(kr_k * threads + kr_tid) * vec], read and written with one
+// 16-byte access (conflict-free: a quarter warp covers all banks once). Those the row prefetch
+// fills (`async`) are copied in with cp.async, each thread copying the values it will read.
 struct RegisterCache {
   std::map<const Stmt*, std::string> first; // load stmt -> array it fills
   std::map<const Stmt*, std::string> reuse; // load stmt -> array it reads
@@ -441,9 +447,16 @@ struct RegisterCache {
   bool smem = false;
   int threads = 0;            // per block
   int64_t smem_bytes = 0;     // dynamic shared memory the arrays take
+  std::map<std::string, int> vec; // shared-memory arrays in the vector layout: their width
+  std::set<std::string> async;    // arrays filled by cp.async (row prefetch)
   std::string at(const std::string& arr, const std::string& slot) const {
     if (!smem) return arr + "[" + slot + "]";
     return arr + "[(" + slot + ") * " + std::to_string(threads) + " + kr_tid]";
+  }
+  // Trip kr_k's group of thread kr_tid (vector layout).
+  std::string vec_ptr(const std::string& arr) const {
+    return arr + " + (kr_k * " + std::to_string(threads) + " + kr_tid) * " +
+           std::to_string(vec.at(arr));
   }
 };
 
@@ -496,6 +509,7 @@ RegisterCache plan_cache(const Emitter& e, const std::vector<LoopNest>& nests,
       c.decls.push_back(t + "* const " + arr + " = reinterpret_cast<" + t + "*>(kr_dyn + " +
                         std::to_string(c.smem_bytes) + ");");
       c.smem_bytes += (bytes + 15) / 16 * 16;
+      if (const int v = vecs[list.front().first]; v > 1) c.vec[arr] = v;
     } else {
       c.decls.push_back(t + " " + arr + "[" + std::to_string(trips) + "];");
     }
@@ -596,12 +610,33 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
   const int64_t trips = (groups + nt - 1) / nt;
   const Rename base{{v, "kr_vb"}};
   const std::string slot = "kr_k * " + lanes + " + kr_l";
+  // Shared-memory arrays in the vector layout: one 16-byte read before the lanes (reuses, and
+  // fills the row prefetch already copied in), or one write after them (other fills).
+  std::vector<std::string> cache_before, cache_after;
   for (const Stmt& b : *nest.body) {
-    if (auto it = cache.first.find(&b); it != cache.first.end())
-      e.after[&b] = cache.at(it->second, slot) + " = " + b.load.var + ";";
-    if (auto it = cache.reuse.find(&b); it != cache.reuse.end())
-      e.replace[&b] = std::string("const ") + kir::ctype(b.load.dtype) + " " + b.load.var +
-                      " = " + cache.at(it->second, slot) + ";";
+    const auto f = cache.first.find(&b);
+    const auto r = cache.reuse.find(&b);
+    if (f == cache.first.end() && r == cache.reuse.end()) continue;
+    const std::string& arr = f != cache.first.end() ? f->second : r->second;
+    const std::string t = kir::ctype(b.load.dtype);
+    if (cache.vec.count(arr)) {
+      const std::string vt = "kr_vec<" + t + ", " + std::to_string(cache.vec.at(arr)) + ">";
+      const std::string reg = "kr_cv" + std::to_string(cache_before.size());
+      if (f != cache.first.end() && !cache.async.count(arr)) {
+        cache_before.push_back(vt + " " + reg + ";");
+        e.after[&b] = reg + ".v[kr_l] = " + b.load.var + ";";
+        cache_after.push_back("*reinterpret_cast<" + vt + "*>(" + cache.vec_ptr(arr) + ") = " +
+                              reg + ";");
+      } else {
+        cache_before.push_back("const " + vt + " " + reg + " = *reinterpret_cast<const " + vt +
+                               "*>(" + cache.vec_ptr(arr) + ");");
+        e.replace[&b] = "const " + t + " " + b.load.var + " = " + reg + ".v[kr_l];";
+      }
+    } else if (f != cache.first.end()) {
+      e.after[&b] = cache.at(arr, slot) + " = " + b.load.var + ";";
+    } else {
+      e.replace[&b] = "const " + t + " " + b.load.var + " = " + cache.at(arr, slot) + ";";
+    }
   }
   o.line(2, trips * vec <= 32 ? "#pragma unroll" : "#pragma unroll 4");
   o.line(2, "for (" + e.vt() + " kr_k = 0; kr_k < " + std::to_string(trips) + "; ++kr_k) {");
@@ -618,6 +653,7 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
   o.line(d, "const " + e.vt() + " kr_vb = kr_vg * " + lanes + ";");
   for (size_t j = 0; j + 1 < nest.loops.size(); ++j)
     o.line(d, "(void)" + nest.loops[j]->var + ";");
+  for (const std::string& l : cache_before) o.line(d, l);
   std::vector<std::string> stores_after;
   int n = 0;
   for (const Stmt& b : *nest.body) {
@@ -646,11 +682,66 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
   o.line(d + 1, "(void)" + v + ";"); // unused when every read is cached or a vector
   e.serial(*nest.body, d + 1);
   o.line(d, "}");
+  for (const std::string& l : cache_after) o.line(d, l);
   for (const std::string& st : stores_after) o.line(d, st);
   if (d == 4) o.line(3, "}");
   o.line(2, "}");
   e.replace.clear();
   e.after.clear();
+}
+
+// One cached row's copy for the row prefetch: the fill load and its (vectorized) nest.
+struct AsyncFill {
+  const Stmt* load;
+  const LoopNest* nest;
+  std::string arr;
+};
+
+// Issues the cp.async copies of `fills` for outer point `point` (an expression; nothing when it
+// is past the last point) and commits them as one group: each thread copies the groups of
+// `vec` values it will read from the vector layout (RegisterCache::vec_ptr).
+void emit_prefetch(Emitter& e, const BlockPlan& plan, const RegisterCache& cache,
+                   const std::vector<AsyncFill>& fills, const std::string& point, int d) {
+  Out& o = e.out;
+  const int rt = plan.row_threads();
+  o.line(d, "{");
+  o.line(d + 1, "const " + e.ft() + " kr_pn = " + point + ";");
+  o.line(d + 1, "if (kr_pn < " + std::to_string(e.a.points) + e.fsuf() + ") {");
+  Rename next;
+  auto grid = dims_of(e.a.grid);
+  for (auto& [var, extent] : grid) {
+    next[var] = var + "_n";
+    var += "_n";
+  }
+  e.recover(grid, "kr_pn", d + 2);
+  for (const auto& [var, extent] : grid) o.line(d + 2, "(void)" + var + ";");
+  for (const AsyncFill& f : fills) {
+    const int vec = cache.vec.at(f.arr);
+    const kir::Buffer& buf = e.k.buffers.at(f.load->load.buffer);
+    const int64_t trips = f.nest->extent / vec / rt;
+    o.line(d + 2, "#pragma unroll 4");
+    o.line(d + 2, "for (" + e.vt() + " kr_k = 0; kr_k < " + std::to_string(trips) + "; ++kr_k) {");
+    o.line(d + 3, "const " + e.ft() + " kr_g = " + plan.row_tid() + " + (" + e.ft() + ")kr_k * " +
+                      std::to_string(rt) + e.fsuf() + ";");
+    auto dims = dims_of(*f.nest);
+    Rename ix = next;
+    for (size_t j = 0; j + 1 < dims.size(); ++j) {
+      ix[dims[j].first] = dims[j].first + "_n";
+      dims[j].first += "_n";
+    }
+    dims.back() = {"kr_vg_n", dims.back().second / vec};
+    e.recover(dims, "kr_g", d + 3);
+    for (size_t j = 0; j + 1 < dims.size(); ++j) o.line(d + 3, "(void)" + dims[j].first + ";");
+    o.line(d + 3, "const " + e.vt() + " kr_vb_n = kr_vg_n * " + std::to_string(vec) + ";");
+    ix[f.nest->loops.back()->var] = "kr_vb_n";
+    o.line(d + 3, "kr_cp_async<" + std::to_string(vec * itemsize(buf.dtype)) + ">(" +
+                      cache.vec_ptr(f.arr) + ", " + buf.name + " + " +
+                      index_expr(f.load->load.index, ix) + ");");
+    o.line(d + 2, "}");
+  }
+  o.line(d + 1, "}");
+  o.line(d + 1, "kr_cp_async_commit();");
+  o.line(d, "}");
 }
 
 // `vecs` empty: the scalar variant; otherwise the width per nest (block_vector_plan).
@@ -678,8 +769,37 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
   }
   const std::vector<int> vecs = vecs_in.empty() ? std::vector<int>(nests.size(), 0) : vecs_in;
   KR_INTERNAL(vecs.size() == nests.size(), "CUDA emitter: vector plan of another kernel");
-  const RegisterCache cache = plan_cache(e, nests, plan, vecs);
+  RegisterCache cache = plan_cache(e, nests, plan, vecs);
   smem_bytes = cache.smem_bytes;
+  // Row prefetch: shared-memory arrays of the vectorized variant whose fill copies the buffer's
+  // bytes (storage dtype = compute dtype) in 4/8/16-byte groups, in nests without a tail, in a
+  // kernel whose outputs alias no input (the next row's copies must not see this row's stores).
+  std::vector<AsyncFill> fills;                  // in fill-nest order
+  std::map<size_t, std::vector<AsyncFill>> refill; // last nest reading an array -> its fills
+  std::set<size_t> waits;                        // nests that read an async fill first
+  if (plan.prefetch && cache.smem && !vecs_in.empty() && e.k.noalias) {
+    for (size_t n = 0; n < nests.size(); ++n) {
+      const int vec = vecs[n];
+      for (const Stmt& b : *nests[n].body) {
+        auto f = cache.first.find(&b);
+        if (f == cache.first.end() || !cache.vec.count(f->second)) continue;
+        const kir::Buffer& buf = e.k.buffers.at(b.load.buffer);
+        const int64_t bytes = int64_t{vec} * itemsize(buf.dtype);
+        if (vec <= 1 || !vector_access(b.load.index, nests[n]) || buf.dtype != b.load.dtype ||
+            (nests[n].extent / vec) % rt != 0 || (bytes != 4 && bytes != 8 && bytes != 16))
+          continue;
+        size_t last = n;
+        for (size_t m = 0; m < nests.size(); ++m)
+          for (const Stmt& u : *nests[m].body)
+            if (auto r = cache.reuse.find(&u); r != cache.reuse.end() && r->second == f->second)
+              last = std::max(last, m);
+        cache.async.insert(f->second);
+        fills.push_back({&b, &nests[n], f->second});
+        refill[last].push_back(fills.back());
+        waits.insert(n);
+      }
+    }
+  }
   KR_INTERNAL(cl == 1 || ppb == 1, "CUDA emitter: a cluster handles one outer point at a time");
 
   const std::string cluster_attr =
@@ -708,10 +828,14 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       cl > 1     ? "(" + e.ft() + ")gridDim.x / " + std::to_string(cl) + e.fsuf()
       : ppb == 1 ? "(" + e.ft() + ")gridDim.x"
                  : "(" + e.ft() + ")gridDim.x * " + std::to_string(ppb) + e.fsuf();
+  if (cache.smem)
+    for (const std::string& d : cache.decls) o.line(1, d);
+  if (!fills.empty()) emit_prefetch(e, plan, cache, fills, first_point, 1);
   o.line(1, "for (" + e.ft() + " kr_p = " + first_point + "; kr_p < " +
                 std::to_string(a.points) + e.fsuf() + "; kr_p += " + point_step + ") {");
   e.recover(dims_of(a.grid), "kr_p", 2);
-  for (const std::string& d : cache.decls) o.line(2, d);
+  if (!cache.smem)
+    for (const std::string& d : cache.decls) o.line(2, d);
 
   for (const Stmt& s : *a.point) {
     if (s.kind == Stmt::Kind::Store) {
@@ -723,10 +847,15 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       e.stmt(s, 2);
       continue;
     }
-    const LoopNest& nest = nests[nest_of_stmt.at(&s)];
-    const int vec = vecs[nest_of_stmt.at(&s)];
+    const size_t ni = nest_of_stmt.at(&s);
+    const LoopNest& nest = nests[ni];
+    const int vec = vecs[ni];
     if (vec > 1) {
+      if (waits.count(ni)) o.line(2, "kr_cp_async_wait_all();");
       emit_vector_nest(e, nest, plan, vec, cache);
+      // This row's last read of these arrays is done: copy the next row in.
+      if (auto it = refill.find(ni); it != refill.end())
+        emit_prefetch(e, plan, cache, it->second, "kr_p + " + point_step, 2);
     } else {
       const int64_t trips = (nest.extent + rt - 1) / rt;
       for (const Stmt& b : *nest.body) {
@@ -825,10 +954,15 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       info.cluster_reg_values = v;
     } else if (key == "cluster_smem_bytes") {
       info.cluster_smem_bytes = v;
+    } else if (key == "cluster_persist") {
+      KR_CHECK(v >= -1, Value, "KERAUNOS_CUDA_TUNE: cluster_persist is -1 (fit), 0 or a count");
+      info.cluster_persist = v;
+    } else if (key == "cluster_prefetch") {
+      info.cluster_prefetch = v != 0;
     } else {
       KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
                     "' (block_threads, cluster_threads, max_cluster, cluster_reg_values, "
-                    "cluster_smem_bytes)");
+                    "cluster_smem_bytes, cluster_persist, cluster_prefetch)");
     }
   }
 }
@@ -913,6 +1047,7 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
           }
         }
         plan.reg_values = dev.cluster_reg_values;
+        plan.prefetch = dev.cluster_prefetch != 0;
         if (per_thread(plan.cluster) > dev.cluster_reg_values)
           plan.smem_cache_bytes = dev.cluster_smem_bytes >= 0
                                       ? std::min(dev.cluster_smem_bytes, dev.shared_mem_optin)
@@ -938,8 +1073,10 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
       r.launch.block[1] = static_cast<unsigned>(plan.points_per_block);
       if (plan.cluster > 1) {
         r.cluster = plan.cluster;
-        r.launch.grid[0] = static_cast<unsigned>(
-            std::min<int64_t>(a.points, 0x7fffffff / plan.cluster) * plan.cluster);
+        const int64_t clusters = dev.cluster_persist > 0 ? dev.cluster_persist : 0x7fffffff / plan.cluster;
+        r.launch.grid[0] =
+            static_cast<unsigned>(std::min<int64_t>(a.points, clusters) * plan.cluster);
+        r.fit_clusters = dev.cluster_persist < 0;
       } else {
         r.launch.grid[0] =
             clamp_grid((a.points + plan.points_per_block - 1) / plan.points_per_block);

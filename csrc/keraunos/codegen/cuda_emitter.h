@@ -28,13 +28,18 @@
 //              kernel), the same per-element math, the same threads and launch; loops that do not
 //              qualify stay scalar in it. Launch it only when every buffer pointer is 16-byte
 //              aligned.
-//   cluster    (sm_90+) rows longer than 16k: a thread-block cluster of 2, 4 or 8 blocks of 1024
-//              threads per outer point, as the block schedule with the row's threads spread
-//              over the cluster; each accumulator is all-reduced in the block, then over the
-//              cluster through distributed shared memory (every block combines the blocks'
-//              values in rank order: the same result everywhere). Loads reused across the row's
-//              loops are cached in registers when <= 16 values per thread, else in dynamic
-//              shared memory (launch.shared_mem bytes), so a row of 256k floats is read once.
+//   cluster    (sm_90+) rows longer than 16k: a thread-block cluster of 2..16 blocks
+//              (cluster_threads each) per outer point, as the block schedule with the row's
+//              threads spread over the cluster; each accumulator is all-reduced in the block,
+//              then over the cluster through distributed shared memory (every block combines
+//              the blocks' values in the same order: the same result everywhere). Loads reused
+//              across the row's loops are cached in registers when they fit
+//              (cluster_reg_values per thread), else in dynamic shared memory
+//              (launch.shared_mem bytes), so a row of 256k floats is read once.
+//              The clusters are persistent (as many as fit, walking the rows) and, in the
+//              vectorized entry, a row cached in shared memory is copied in with cp.async: the
+//              next row's copies start as soon as the current row's last read of the cache is
+//              done, so they overlap the current row's reductions and stores.
 //   A kernel without loops runs on one thread.
 #pragma once
 #include "keraunos/codegen/kernel_ir.h"
@@ -61,6 +66,12 @@ struct CudaDeviceInfo {
   int max_cluster = 16;         // blocks per cluster (over 8 is a non-portable size)
   int cluster_reg_values = 32;  // values per thread cached in registers
   int cluster_smem_bytes = -1;  // shared memory a block may cache its part of a row in (-1: all)
+  // Persistent clusters: -1, as many clusters as fit on the device at once (the loader asks the
+  // driver) walking the rows; 0, one cluster per row; N > 0, at most N clusters.
+  int cluster_persist = -1;
+  // Rows cached in shared memory are filled with cp.async, the next row's copies issued as soon
+  // as the current row's last read of the cache is done (0: plain loads).
+  int cluster_prefetch = 1;
 };
 
 // Applies "key=value,..." (the keys of CudaDeviceInfo's tuning fields) to `info`; an unknown key
@@ -83,6 +94,9 @@ struct CudaKernelSource {
   CudaLaunch launch, launch_vec;
   std::string schedule;  // "pointwise", "thread", "warp", "block" or "cluster" (tests, dumps)
   int cluster = 1;       // blocks per thread-block cluster (compiled in: __cluster_dims__)
+  // The grid holds one cluster per outer point; the loader caps it at the clusters resident on
+  // the device at once (the kernels walk the points in a loop, so any grid is correct).
+  bool fit_clusters = false;
   int vec = 1;           // elements per thread and trip of entry_vec (per vectorized loop of a
                          // warp/block kernel)
 };

@@ -186,8 +186,16 @@ FusedProgram fused_program(const Trace& trace, const std::string& name, const Fu
       continue;
     }
     std::vector<TensorRef> needed = b.outputs();
-    LoweredRegion lr =
-        lower_region(prims, needed, dev->type, "k" + std::to_string(region++) + "_");
+    const std::string prefix = "k" + std::to_string(region++) + "_";
+    LoweredRegion lr = lower_region(prims, needed, dev->type, prefix);
+    if (opt.cuda_twins && dev->type == DeviceType::CPU) {
+      LoweredRegion twin = lower_region(prims, needed, DeviceType::CUDA, prefix);
+      KR_INTERNAL(twin.kernels.size() == lr.kernels.size(),
+                  "fusion: a region lowers to different kernels for CPU and CUDA");
+      for (size_t i = 0; i < lr.kernels.size(); ++i)
+        lr.kernels[i].cuda_twin =
+            std::make_shared<const kir::Kernel>(std::move(twin.kernels[i].kernel));
+    }
     int base = static_cast<int>(fp.kernels.size());
     for (auto& k : lr.kernels) fp.kernels.push_back(std::move(k));
     for (auto& st : lr.steps) {

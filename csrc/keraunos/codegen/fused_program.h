@@ -18,6 +18,7 @@ namespace keraunos::codegen {
 struct FusionOptions {
   bool cpu = true;  // claim regions on CPU tensors
   bool cuda = true; // claim regions on CUDA tensors
+  bool cuda_twins = false; // also lower CPU regions for CUDA (KernelCall::cuda_twin)
 };
 
 struct FusedProgram {

@@ -744,43 +744,60 @@ private:
         return l.var;
       };
     };
+    // `op` over `a` cast to `d`, computed once per scope: layer_norm's mean and the first pass
+    // of its variance are the same sum when both accumulate in the same dtype.
+    auto plain = [&](kir::ReduceOp op, DType d) {
+      std::string key = "plain:" + a->name + ":" + std::to_string(static_cast<int>(op)) + ":" +
+                        std::string(kir::ctype(d));
+      for (auto dim : dims) key += "," + std::to_string(dim);
+      for (const auto& x : idx) key += ";" + x.ix.str();
+      auto& memo = scopes_.back().memo;
+      if (auto m = memo.find(key); m != memo.end()) return m->second;
+      std::string acc = reduction_loop(a, dims, idx, op, d, cast_to(d));
+      memo[key] = acc;
+      return acc;
+    };
     switch (b.op) {
     case OpId::prim_sum:
-      return let(t->dtype, reduction_loop(a, dims, idx, kir::ReduceOp::Sum, ac, cast_to(ac)));
+      return let(t->dtype, plain(kir::ReduceOp::Sum, ac));
     case OpId::prim_prod:
-      return let(t->dtype, reduction_loop(a, dims, idx, kir::ReduceOp::Prod, ac, cast_to(ac)));
+      return let(t->dtype, plain(kir::ReduceOp::Prod, ac));
     case OpId::prim_amax:
-      return let(t->dtype, reduction_loop(a, dims, idx, kir::ReduceOp::Max, ac, cast_to(ac)));
+      return let(t->dtype, plain(kir::ReduceOp::Max, ac));
     case OpId::prim_amin:
-      return let(t->dtype, reduction_loop(a, dims, idx, kir::ReduceOp::Min, ac, cast_to(ac)));
+      return let(t->dtype, plain(kir::ReduceOp::Min, ac));
     case OpId::prim_var: {
-      // Two passes in double (eager's CPU var accumulates floats in double too).
+      // Two passes (the mean, then the squared deviations from it) in eager's accumulation
+      // type: double on the CPU (its var accumulates floats in double), the compute dtype on
+      // CUDA (float for float and half inputs: eager's Welford runs in float there, and float
+      // math keeps the kernel at the memory bandwidth; two passes are the more accurate form).
+      const DType vd = k_.device == DeviceType::CUDA ? ac : DType::Float64;
+      const char* vc = kir::ctype(vd);
       int64_t n = 1;
       for (auto d : dims) n *= a->shape[d];
       double corr = b.args[2].as_double();
-      std::string s = reduction_loop(a, dims, idx, kir::ReduceOp::Sum, DType::Float64,
-                                     cast_to(DType::Float64));
+      std::string s = plain(kir::ReduceOp::Sum, vd);
       kir::Let mean;
       mean.var = fresh("v");
-      mean.dtype = DType::Float64;
-      mean.expr = s + " / " + float_literal(static_cast<double>(n), DType::Float64);
+      mean.dtype = vd;
+      mean.expr = s + " / " + float_literal(static_cast<double>(n), vd);
       emit(kir::Stmt::of(mean));
       std::string q = reduction_loop(
-          a, dims, idx, kir::ReduceOp::Sum, DType::Float64, [&](const std::string& x) {
+          a, dims, idx, kir::ReduceOp::Sum, vd, [&](const std::string& x) {
             kir::Let d;
             d.var = fresh("v");
-            d.dtype = DType::Float64;
-            d.expr = "((double)(" + x + ") - " + mean.var + ")";
+            d.dtype = vd;
+            d.expr = "((" + std::string(vc) + ")(" + x + ") - " + mean.var + ")";
             emit(kir::Stmt::of(d));
             kir::Let sq;
             sq.var = fresh("v");
-            sq.dtype = DType::Float64;
+            sq.dtype = vd;
             sq.expr = d.var + " * " + d.var;
             emit(kir::Stmt::of(sq));
             return sq.var;
           });
       double denom = std::max(0.0, static_cast<double>(n) - corr);
-      return let(t->dtype, q + " / " + float_literal(denom, DType::Float64));
+      return let(t->dtype, q + " / " + float_literal(denom, vd));
     }
     default:
       KR_INTERNAL(false, "reduce_here: not a reduction");

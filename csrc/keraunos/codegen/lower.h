@@ -12,6 +12,7 @@
 #include "keraunos/codegen/kernel_ir.h"
 #include "keraunos/ir/trace.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct KernelCall {
   // Outputs written into an existing tensor instead of a new one (reinplaced epilogue
   // writes): for each output, the program input it writes into, or nullptr.
   std::vector<TensorRef> write_into;
+  // With FusionOptions::cuda_twins, for a CPU kernel: the same region's kernel lowered for CUDA
+  // (what a GPU would run; CI without a GPU compiles it through NVRTC). Null otherwise.
+  std::shared_ptr<const kir::Kernel> cuda_twin;
 };
 
 // One statement of a lowered region: a kernel call or a prim run through torch.

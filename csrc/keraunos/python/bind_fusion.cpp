@@ -91,6 +91,7 @@ void advise_huge_pages(void* p, int64_t bytes) {
 class FusedKernel {
 public:
   std::string name, ir, source;
+  std::string cuda_check_source; // KERAUNOS_CHECK_CUDA_CODEGEN: the CUDA a CPU kernel would get
   std::shared_ptr<cpu::CompiledLibrary> lib;
   cpu::KernelFn fn = nullptr;
   std::shared_ptr<runtime::CompiledCudaKernel> cuda; // set for CUDA kernels
@@ -203,6 +204,7 @@ void bind_fusion(nb::module_& m) {
       .def_ro("name", &FusedKernel::name)
       .def_ro("ir", &FusedKernel::ir)
       .def_ro("source", &FusedKernel::source)
+      .def_ro("cuda_check_source", &FusedKernel::cuda_check_source)
       .def("__call__", &FusedKernel::call)
       .def("__repr__", [](const FusedKernel& k) { return "<keraunos kernel " + k.name + ">"; });
 
@@ -216,19 +218,24 @@ void bind_fusion(nb::module_& m) {
         codegen::FusionOptions opt;
         opt.cpu = cpu_fusion;
         opt.cuda = cuda_fusion;
+        opt.cuda_twins = check_cuda_codegen;
         codegen::FusedProgram fp = codegen::fused_program(trace, name, opt);
         nb::module_ torch = nb::module_::import_("torch");
         nb::object empty_strided = torch.attr("empty_strided");
-        std::vector<const kir::Kernel*> cpu_kernels;
+        std::vector<const kir::Kernel*> cpu_kernels, twins;
         for (const auto& kc : fp.kernels)
-          if (kc.kernel.device == DeviceType::CPU) cpu_kernels.push_back(&kc.kernel);
+          if (kc.kernel.device == DeviceType::CPU) {
+            cpu_kernels.push_back(&kc.kernel);
+            twins.push_back(kc.cuda_twin.get());
+          }
+        std::vector<std::string> check_sources(cpu_kernels.size());
         if (check_cuda_codegen) {
           // CI without a GPU: every kernel also goes through the CUDA emitter and NVRTC.
           nb::gil_scoped_release release;
-          for (const auto* k : cpu_kernels) {
-            kir::Kernel c = *k;
+          for (size_t i = 0; i < cpu_kernels.size(); ++i) {
+            kir::Kernel c = twins[i] ? *twins[i] : *cpu_kernels[i];
             c.device = DeviceType::CUDA;
-            runtime::compile_cuda_kernel_cubin_only(c, 9, 0);
+            runtime::compile_cuda_kernel_cubin_only(c, 9, 0, &check_sources[i]);
           }
         }
         std::shared_ptr<cpu::CompiledLibrary> lib;
@@ -256,6 +263,8 @@ void bind_fusion(nb::module_& m) {
           } else {
             k->lib = lib;
             k->fn = lib->kernel(kc.kernel.name);
+            for (size_t i = 0; i < cpu_kernels.size(); ++i)
+              if (cpu_kernels[i] == &kc.kernel) k->cuda_check_source = std::move(check_sources[i]);
           }
           k->empty_strided = empty_strided;
           k->work = kernel_work(kc);

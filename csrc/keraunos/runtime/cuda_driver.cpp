@@ -65,6 +65,11 @@ DriverState open_driver() {
   resolve(lib, "cuLaunchKernel", d.cuLaunchKernel, missing);
   resolve(lib, "cuGetErrorString", d.cuGetErrorString, missing);
   resolve(lib, "cuFuncSetAttribute", d.cuFuncSetAttribute, missing);
+  {
+    std::string optional;
+    resolve(lib, "cuOccupancyMaxActiveClusters", d.cuOccupancyMaxActiveClusters, optional);
+    if (!optional.empty()) d.cuOccupancyMaxActiveClusters = nullptr;
+  }
   if (!missing.empty()) {
     s.reason = "libcuda.so.1 lacks " + missing + " (driver too old)";
     return s;
@@ -170,6 +175,24 @@ void CudaModule::allow_non_portable_cluster(CUfunction f) {
   constexpr int kFuncAttrNonPortableClusterSizeAllowed = 14; // CU_FUNC_ATTRIBUTE_NON_PORTABLE_...
   check_cuda(cuda_driver().cuFuncSetAttribute(f, kFuncAttrNonPortableClusterSizeAllowed, 1),
              "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)");
+}
+
+int CudaModule::max_active_clusters(CUfunction f, const unsigned block[3], unsigned shared_mem) {
+  // CUlaunchConfig (cuda.h), declared here as the driver lays it out on 64-bit hosts.
+  struct LaunchConfig {
+    unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem;
+    CUstream stream;
+    void* attrs;
+    unsigned num_attrs;
+  };
+  const CudaDriver& d = cuda_driver();
+  if (!d.cuOccupancyMaxActiveClusters) return 0;
+  // The cluster size is the kernel's own (__cluster_dims__), so no launch attribute is given;
+  // the grid only has to be a multiple of it.
+  LaunchConfig c{16, 1, 1, block[0], block[1], block[2], shared_mem, nullptr, nullptr, 0};
+  int n = 0;
+  if (d.cuOccupancyMaxActiveClusters(&n, f, &c) != kCudaSuccess) return 0;
+  return n;
 }
 
 void CudaModule::launch(CUfunction f, const unsigned grid[3], const unsigned block[3],

@@ -43,6 +43,8 @@ struct CudaDriver {
                              unsigned, unsigned, CUstream, void**, void**);
   CUresult (*cuGetErrorString)(CUresult, const char**);
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
+  // Optional (CUDA 12+; null when the driver lacks it): clusters of a launch resident at once.
+  CUresult (*cuOccupancyMaxActiveClusters)(int*, CUfunction, const void* config);
 };
 
 // Loads libcuda.so.1 and runs cuInit(0) on first use; false with the reason when there is no
@@ -75,6 +77,9 @@ public:
   static void allow_dynamic_shared_memory(CUfunction f, unsigned bytes);
   // Lets `f` run in clusters of more than 8 blocks (sm_90: up to 16).
   static void allow_non_portable_cluster(CUfunction f);
+  // How many clusters of `f` (its compiled-in cluster size) with `block` threads and
+  // `shared_mem` bytes fit on the device at once; 0 when the driver cannot say.
+  static int max_active_clusters(CUfunction f, const unsigned block[3], unsigned shared_mem);
   // `params`: one pointer per kernel parameter, to its value (cuLaunchKernel's kernelParams).
   static void launch(CUfunction f, const unsigned grid[3], const unsigned block[3],
                      unsigned shared_mem, CUstream stream, void** params);

@@ -55,6 +55,17 @@ CompiledCudaKernel::CompiledCudaKernel(codegen::CudaKernelSource source, const s
     CudaModule::allow_dynamic_shared_memory(fn_vec_, launch_vec_.shared_mem);
     if (source_.cluster > 8) CudaModule::allow_non_portable_cluster(fn_vec_);
   }
+  if (source_.fit_clusters) {
+    // Persistent clusters: no more than fit at once (a cluster launched later would start only
+    // when a whole cluster's worth of SMs is free, after the others walked their rows).
+    auto fit = [&](CUfunction f, codegen::CudaLaunch& l) {
+      const int n = CudaModule::max_active_clusters(f, l.block, l.shared_mem);
+      if (n > 0)
+        l.grid[0] = std::min(l.grid[0], static_cast<unsigned>(n) * static_cast<unsigned>(source_.cluster));
+    };
+    fit(fn_, launch_);
+    if (fn_vec_) fit(fn_vec_, launch_vec_);
+  }
 }
 
 std::shared_ptr<CompiledCudaKernel> compile_cuda_kernel(const kir::Kernel& k, int device) {
@@ -79,12 +90,16 @@ void launch(const CompiledCudaKernel& k, void* const* buffer_ptrs, CUstream stre
                      params.data());
 }
 
-std::string compile_cuda_kernel_cubin_only(const kir::Kernel& k, int major, int minor) {
+std::string compile_cuda_kernel_cubin_only(const kir::Kernel& k, int major, int minor,
+                                           std::string* source_out) {
   codegen::CudaDeviceInfo info;
   info.major = major;
   info.minor = minor;
-  const codegen::CudaKernelSource src = codegen::emit_cuda(k, info);
-  return compile_cuda(src.source, k.name, sm_arch(major, minor)).cubin;
+  if (const char* tune = std::getenv("KERAUNOS_CUDA_TUNE")) codegen::apply_cuda_tuning(info, tune);
+  codegen::CudaKernelSource src = codegen::emit_cuda(k, info);
+  std::string cubin = compile_cuda(src.source, k.name, sm_arch(major, minor)).cubin;
+  if (source_out) *source_out = std::move(src.source);
+  return cubin;
 }
 
 } // namespace keraunos::runtime

@@ -47,7 +47,9 @@ std::shared_ptr<CompiledCudaKernel> compile_cuda_kernel(const kir::Kernel& k, in
 void launch(const CompiledCudaKernel& k, void* const* buffer_ptrs, CUstream stream);
 
 // For machines without a GPU (CI): emits `k` for an H100/H200-like device of compute capability
-// major.minor and compiles it with NVRTC (no cache, no driver); returns the CUBIN.
-std::string compile_cuda_kernel_cubin_only(const kir::Kernel& k, int major, int minor);
+// major.minor and compiles it with NVRTC (no cache, no driver); returns the CUBIN and, when
+// `source_out` is given, stores the CUDA source there (dumps, resource-usage checks).
+std::string compile_cuda_kernel_cubin_only(const kir::Kernel& k, int major, int minor,
+                                           std::string* source_out = nullptr);
 
 } // namespace keraunos::runtime

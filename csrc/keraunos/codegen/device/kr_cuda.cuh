@@ -9,7 +9,9 @@
 //     kr_remainder and kr_floor_divide are Python's floor-mod / floor-div on floats (ATen's
 //     div_floor_floating); kr_sign(NaN) is 0 like torch.sign.
 //   - float16 / bfloat16 live in buffers as uint16_t bits and compute in float: kr_h2f / kr_f2h
-//     and kr_bf2f / kr_f2bf convert, rounding to nearest even (bit-exact with c10).
+//     and kr_bf2f / kr_f2bf convert, rounding to nearest even as c10 does on a GPU: on sm_80+
+//     the hardware's cvt (c10 calls __float2bfloat16 there), which makes every NaN the canonical
+//     0x7FFF as eager CUDA PyTorch does; before sm_80 c10's software rounding (NaN -> 0x7FC0).
 // Reductions: kr_identity / kr_combine by op (KR_SUM, ...), warp and block all-reduces that
 // leave the result in every participating thread.
 #ifndef KERAUNOS_KR_CUDA_CUH
@@ -53,11 +55,19 @@ KR_DEVICE uint16_t kr_f2h(double d) { // one rounding, straight from double
   return h;
 }
 KR_DEVICE float kr_bf2f(uint16_t b) { return __uint_as_float(static_cast<unsigned>(b) << 16); }
-KR_DEVICE uint16_t kr_f2bf(float f) { // c10::round_to_nearest_even, NaN -> 0x7FC0
+#if __CUDA_ARCH__ >= 800
+KR_DEVICE uint16_t kr_f2bf(float f) { // one F2FP instruction; NaN -> 0x7FFF
+  uint16_t b;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
+  return b;
+}
+#else
+KR_DEVICE uint16_t kr_f2bf(float f) { // c10's software rounding before sm_80, NaN -> 0x7FC0
   if (f != f) return 0x7FC0;
   const unsigned u = __float_as_uint(f);
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
+#endif
 KR_DEVICE uint16_t kr_f2bf(double d) { return kr_f2bf(static_cast<float>(d)); }
 
 // ---------------------------------------------------------------------------------------------
@@ -246,23 +256,39 @@ template <class T> KR_DEVICE const T* kr_map_rank(const T* p, unsigned rank) {
   return reinterpret_cast<const T*>(r);
 }
 // All-reduce of a value every thread of each block already holds (kr_block_allreduce's result)
-// over the C blocks of the cluster. `slots`: two shared words per block, used alternately
-// (`phase` flips): a block may write the next slot while a slower one still reads the previous,
-// never the same one, since a cluster barrier separates them. Blocks are combined in rank
-// order, so every block gets the same bits. The kernel ends with kr_cluster_sync() so that no
-// block leaves while its slots are read.
+// over the C blocks of the cluster (C <= 16). `slots`: two shared words per block, used
+// alternately (`phase` flips): a block may write the next slot while a slower one still reads
+// the previous, never the same one, since a cluster barrier separates them. Lane l of every warp
+// reads block l % C's value (one remote read per lane, not C per thread) and the warp combines
+// them with the xor butterfly over C lanes: the same values in the same tree in every warp of
+// every block, so every block gets the same bits. The kernel ends with kr_cluster_sync() so
+// that no block leaves while its slots are read.
 template <int OP, int C, class T> KR_DEVICE T kr_cluster_allreduce(T v, long long* slots,
                                                                    int& phase) {
   static_assert(sizeof(T) <= sizeof(long long), "accumulators are at most 8 bytes");
+  static_assert(C >= 2 && C <= 16 && (C & (C - 1)) == 0, "clusters of 2..16 blocks");
   T* slot = reinterpret_cast<T*>(slots + phase);
   phase ^= 1;
   if (threadIdx.x == 0) *slot = v;
   kr_cluster_sync();
-  T r = *kr_map_rank(slot, 0);
-#pragma unroll
-  for (unsigned c = 1; c < C; ++c) r = kr_combine<OP, T>(r, *kr_map_rank(slot, c));
-  return r;
+  const T r = *kr_map_rank(slot, (threadIdx.x & 31) % C);
+  return kr_warp_allreduce<OP, C, T>(r);
 }
+
+// Asynchronous copies global -> shared (sm_80+): BYTES (4, 8 or 16) from `g` to `s`, this
+// thread's; kr_cp_async_wait_all() makes this thread's copies complete and visible to it.
+template <int BYTES> KR_DEVICE void kr_cp_async(void* s, const void* g) {
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+  unsigned long long sa;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(sa) : "l"(s));
+  if constexpr (BYTES == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "l"(sa), "l"(g) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" : : "l"(sa), "l"(g), "n"(BYTES)
+                 : "memory");
+}
+KR_DEVICE void kr_cp_async_commit() { asm volatile("cp.async.commit_group;" : : : "memory"); }
+KR_DEVICE void kr_cp_async_wait_all() { asm volatile("cp.async.wait_all;" : : : "memory"); }
 #endif
 
 // ---------------------------------------------------------------------------------------------
