@@ -7,7 +7,7 @@ mkdir -p "$OUT"
 for spec in "$@"; do
   echo "=== KERAUNOS_CUDA_TUNE=$spec"
   KERAUNOS_CUDA_TUNE="$spec" timeout 60 /tmp/cpp-tests/keraunos_tests \
-    --gtest_filter='CudaGpu.BandwidthReport' >"$OUT/sweep-${spec//[=,]/_}.log" 2>&1
+    --gtest_filter='CudaGpu.*' >"$OUT/sweep-${spec//[=,]/_}.log" 2>&1
   grep "\[bandwidth\]" "$OUT/sweep-${spec//[=,]/_}.log" | grep -E "cluster|rms_norm |bfloat16|rows (8192|4096|1024) " | sed 's/\[bandwidth\] //'
-  grep -E "FAILED|error" "$OUT/sweep-${spec//[=,]/_}.log" | head -3
+  grep -E "PASSED|FAILED|error" "$OUT/sweep-${spec//[=,]/_}.log" | head -3
 done

@@ -425,6 +425,7 @@ struct BlockPlan {
   int64_t smem_cache_bytes = 0;
   int64_t reg_values = 0; // values per thread the register cache may hold
   bool prefetch = false;   // fill shared-memory row caches with cp.async, a row ahead
+  bool async_reduce = false; // cluster all-reduces through st.async + mbarriers (no barriers)
   int row_threads() const { return threads * cluster; }
   // The thread's index among the row's threads.
   std::string row_tid() const { return cluster > 1 ? "kr_rt" : "kr_tid"; }
@@ -806,7 +807,8 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       cl > 1 ? "__cluster_dims__(" + std::to_string(cl) + ", 1, 1) " : "";
   o.line(0, "extern \"C\" __global__ void " + cluster_attr + "__launch_bounds__(" +
                 std::to_string(nt * ppb) + ") " + name + "(" + e.params() + ") {");
-  if (reduces && nt > 32) o.line(1, "__shared__ long long kr_smem[32];");
+  const bool async_reduce = cl > 1 && plan.async_reduce;
+  if (reduces && nt > 32 && !async_reduce) o.line(1, "__shared__ long long kr_smem[32];");
   if (cache.smem) o.line(1, "extern __shared__ __align__(16) unsigned char kr_dyn[];");
   o.line(1, "const int kr_tid = threadIdx.x;");
   if (cl > 1) {
@@ -814,7 +816,12 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
     // kr_rank * nt .. kr_rank * nt + nt - 1. Two reduction slots alternate (kr_cluster_allreduce).
     o.line(1, "const unsigned kr_rank = kr_cluster_rank();");
     o.line(1, "const int kr_rt = (int)kr_rank * " + std::to_string(nt) + " + kr_tid;");
-    if (reduces) {
+    if (reduces && async_reduce) {
+      o.line(1, "__shared__ long long kr_cr[" + std::to_string(2 * (nt / 32) * cl) + "];");
+      o.line(1, "__shared__ unsigned long long kr_cbar[2];");
+      o.line(1, "unsigned kr_round = 0;");
+      o.line(1, "kr_cluster_reduce_init(kr_cbar);");
+    } else if (reduces) {
       o.line(1, "__shared__ long long kr_cs[2];");
       o.line(1, "int kr_ph = 0;");
     }
@@ -896,6 +903,12 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
         if (b.kind == Stmt::Kind::AccUpdate && b.update.var == acc) op = b.update.op;
       });
       const std::string t = kir::ctype(e.acc_dtype(acc));
+      if (async_reduce) {
+        o.line(2, acc + " = kr_cluster_allreduce_async<" + op_macro(op) + ", " +
+                      std::to_string(nt) + ", " + std::to_string(cl) + ", " + t + ">(" + acc +
+                      ", kr_cr, kr_cbar, kr_round);");
+        continue;
+      }
       if (nt <= 32)
         o.line(2, acc + " = kr_warp_allreduce<" + op_macro(op) + ", " + std::to_string(nt) +
                       ", " + t + ">(" + acc + ");");
@@ -959,10 +972,12 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       info.cluster_persist = v;
     } else if (key == "cluster_prefetch") {
       info.cluster_prefetch = v != 0;
+    } else if (key == "cluster_async_reduce") {
+      info.cluster_async_reduce = v != 0;
     } else {
       KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
                     "' (block_threads, cluster_threads, max_cluster, cluster_reg_values, "
-                    "cluster_smem_bytes, cluster_persist, cluster_prefetch)");
+                    "cluster_smem_bytes, cluster_persist, cluster_prefetch, cluster_async_reduce)");
     }
   }
 }
@@ -1048,6 +1063,7 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
         }
         plan.reg_values = dev.cluster_reg_values;
         plan.prefetch = dev.cluster_prefetch != 0;
+        plan.async_reduce = dev.cluster_async_reduce != 0;
         if (per_thread(plan.cluster) > dev.cluster_reg_values)
           plan.smem_cache_bytes = dev.cluster_smem_bytes >= 0
                                       ? std::min(dev.cluster_smem_bytes, dev.shared_mem_optin)

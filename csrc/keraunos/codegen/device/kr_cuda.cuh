@@ -275,6 +275,86 @@ template <int OP, int C, class T> KR_DEVICE T kr_cluster_allreduce(T v, long lon
   return kr_warp_allreduce<OP, C, T>(r);
 }
 
+// The cluster all-reduce without block or cluster barriers (the kernel sets it up with
+// kr_cluster_reduce_init). Every warp reduces its threads' values; lane c < C sends the warp's
+// value to block c's buffer with st.async, which completes the bytes on that block's mbarrier;
+// each block's threads wait for its NT / 32 * C values and every warp combines them in the same
+// positions and order, so every block gets the same bits. Two buffers and barriers alternate
+// by round: a block can be at most one round ahead of another (a round completes only when
+// every warp of every block sent its value, which each does after reading the previous round),
+// so a round never writes into a buffer that is still being read. `round` counts the calls.
+// The kernel ends with kr_cluster_sync() so that no block leaves while values are in flight.
+KR_DEVICE unsigned kr_smem_addr(const void* p) {
+  unsigned long long a;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+  return static_cast<unsigned>(a);
+}
+KR_DEVICE void kr_cluster_reduce_init(unsigned long long* bars) {
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" : : "r"(kr_smem_addr(bars)) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" : : "r"(kr_smem_addr(bars + 1))
+                 : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
+  }
+  kr_cluster_sync(); // no block sends before every block's barriers exist
+}
+template <int OP, int NT, int C, class T>
+KR_DEVICE T kr_cluster_allreduce_async(T v, long long* bufs, unsigned long long* bars,
+                                       unsigned& round) {
+  static_assert(sizeof(T) <= sizeof(long long), "accumulators are at most 8 bytes");
+  static_assert(NT >= 32 && C >= 2 && C <= 16, "whole warps, clusters of 2..16 blocks");
+  constexpr int N = NT / 32 * C; // values per round (a power of two)
+  constexpr int W = N < 32 ? N : 32;
+  const unsigned slot = round & 1u, parity = (round >> 1) & 1u;
+  ++round;
+  v = kr_warp_allreduce<OP, 32, T>(v);
+  long long* buf = bufs + slot * N;
+  const unsigned bar = kr_smem_addr(bars + slot);
+  const unsigned lane = threadIdx.x & 31u;
+  if (threadIdx.x == 0) {
+    unsigned long long state;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;"
+                 : "=l"(state)
+                 : "r"(bar), "r"(static_cast<unsigned>(N * sizeof(long long)))
+                 : "memory");
+    (void)state;
+  }
+  if (lane < C) {
+    union {
+      T t;
+      long long b;
+    } bits;
+    bits.b = 0;
+    bits.t = v;
+    const unsigned at = kr_smem_addr(buf + (threadIdx.x >> 5) * C + kr_cluster_rank());
+    unsigned rat, rbar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rat) : "r"(at), "r"(lane));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"(bar), "r"(lane));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];"
+                 : : "r"(rat), "l"(bits.b), "r"(rbar) : "memory");
+  }
+  unsigned done = 0;
+  do {
+    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                 "selp.u32 %0, 1, 0, p;\n\t}"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+  } while (!done);
+  auto at = [&](unsigned i) {
+    union {
+      T t;
+      long long b;
+    } u;
+    u.b = buf[i];
+    return u.t;
+  };
+  T r = at(lane & (W - 1));
+#pragma unroll
+  for (unsigned i = (lane & (W - 1)) + W; i < N; i += W) r = kr_combine<OP, T>(r, at(i));
+  return kr_warp_allreduce<OP, W, T>(r);
+}
+
 // Asynchronous copies global -> shared (sm_80+): BYTES (4, 8 or 16) from `g` to `s`, this
 // thread's; kr_cp_async_wait_all() makes this thread's copies complete and visible to it.
 template <int BYTES> KR_DEVICE void kr_cp_async(void* s, const void* g) {
