@@ -186,10 +186,10 @@ TEST(CudaEmitter, SoftmaxShapes) {
     const Kernel k = softmax(rows, cols, DType::BFloat16);
     const CudaKernelSource s = emit_cuda(k, kH200);
     EXPECT_EQ(s.schedule, cols <= 256 ? "warp" : cols > 16384 ? "cluster" : "block");
-    if (cols == 300000) { // 74 values per thread: the row is cached in shared memory
+    if (cols == 300000) { // 37 values per thread: the row is cached in shared memory
       EXPECT_EQ(s.cluster, 16);
-      EXPECT_EQ(s.launch.shared_mem, 74u * 256 * 4); // 74 values x 256 threads
-      EXPECT_TRUE(has(kernels(s), "kr_c0[(kr_k) * 256 + kr_tid] = v0;")) << kernels(s);
+      EXPECT_EQ(s.launch.shared_mem, 37u * 512 * 4); // 37 values x 512 threads
+      EXPECT_TRUE(has(kernels(s), "kr_c0[(kr_k) * 512 + kr_tid] = v0;")) << kernels(s);
     }
     if (cols == 1000) EXPECT_TRUE(has(kernels(s), "if (kr_r < 1000u) {"));
     if (cols <= 256) {
@@ -203,7 +203,7 @@ TEST(CudaEmitter, SoftmaxShapes) {
 }
 
 // Rows longer than a block's registers: a cluster of blocks per row (sm_90), the row cached in
-// registers (up to 16 blocks x 256 threads x 32 values), then in shared memory; read once.
+// registers (up to 16 blocks x 512 threads x 32 values), then in shared memory; read once.
 TEST(CudaEmitter, LongRowsRunOneClusterPerRow) {
   struct Case {
     int64_t cols;
@@ -212,9 +212,9 @@ TEST(CudaEmitter, LongRowsRunOneClusterPerRow) {
     const char* cache;
   };
   for (const Case& c :
-       {Case{32768, 4, 0, "float kr_c0[32];"}, Case{65536, 8, 0, "float kr_c0[32];"},
-        Case{131072, 16, 0, "float kr_c0[32];"},
-        Case{262144, 16, 64 * 256 * 4,
+       {Case{32768, 2, 0, "float kr_c0[32];"}, Case{65536, 4, 0, "float kr_c0[32];"},
+        Case{131072, 8, 0, "float kr_c0[32];"}, Case{262144, 16, 0, "float kr_c0[32];"},
+        Case{524288, 16, 64 * 512 * 4,
              "float* const kr_c0 = reinterpret_cast<float*>(kr_dyn + 0);"}}) {
     SCOPED_TRACE(c.cols);
     const Kernel k = softmax(512, c.cols);
@@ -222,14 +222,15 @@ TEST(CudaEmitter, LongRowsRunOneClusterPerRow) {
     const std::string src = kernels(s);
     EXPECT_EQ(s.schedule, "cluster");
     EXPECT_EQ(s.cluster, c.cluster);
-    EXPECT_EQ(s.launch.block[0], 256u);
+    EXPECT_EQ(s.launch.block[0], 512u);
     EXPECT_EQ(s.launch.grid[0], 512u * c.cluster);
+    EXPECT_TRUE(has(src, "__launch_bounds__(512, 2)")) << src; // two blocks per SM
     EXPECT_EQ(s.launch.shared_mem, c.smem);
     EXPECT_EQ(s.launch_vec.shared_mem, c.smem);
     EXPECT_TRUE(has(src, "__cluster_dims__(" + std::to_string(c.cluster) + ", 1, 1)")) << src;
     EXPECT_TRUE(has(src, c.cache)) << src;
-    EXPECT_TRUE(has(src, "const int kr_rt = (int)kr_rank * 256 + kr_tid;")) << src;
-    EXPECT_TRUE(has(src, "a0 = kr_cluster_allreduce_async<KR_MAX, 256, " +
+    EXPECT_TRUE(has(src, "const int kr_rt = (int)kr_rank * 512 + kr_tid;")) << src;
+    EXPECT_TRUE(has(src, "a0 = kr_cluster_allreduce_async<KR_MAX, 512, " +
                              std::to_string(c.cluster) + ", float>(a0, kr_cr, kr_cbar, kr_round);"))
         << src;
     EXPECT_TRUE(has(src, "kr_cluster_reduce_init(kr_cbar);")) << src;
@@ -307,8 +308,8 @@ TEST(CudaEmitter, ZeroDimKernelsRunOneThreadOrOneBlock) {
             store(1, idx({}), "a0")};
   s = emit_cuda(k, kH200);
   EXPECT_EQ(s.schedule, "cluster");
-  EXPECT_EQ(s.cluster, 16);
-  EXPECT_EQ(s.launch.grid[0], 16u);
+  EXPECT_EQ(s.cluster, 8); // 25 values per thread of 8 x 512
+  EXPECT_EQ(s.launch.grid[0], 8u);
   EXPECT_TRUE(has(kernels(s), "const int64_t v0 = (int64_t)(in0[r0]);")) << kernels(s);
   EXPECT_TRUE(has(kernels(s), "if (kr_tid == 0 && kr_rank == 0) out0[0]")) << kernels(s);
   EXPECT_COMPILES(k);
@@ -418,7 +419,7 @@ TEST(CudaEmitter, BlockVectorizationShapes) {
     // A cluster per row, the row cached in shared memory: read once.
     // (in the vector layout: trip kr_k's 8 values of a thread together, written once; 300000
     // is not a whole number of the cluster's groups, so no cp.async prefetch)
-    EXPECT_TRUE(has(vec_kernel(s), "*reinterpret_cast<kr_vec<float, 8>*>(kr_c0 + (kr_k * 256 + "
+    EXPECT_TRUE(has(vec_kernel(s), "*reinterpret_cast<kr_vec<float, 8>*>(kr_c0 + (kr_k * 512 + "
                                    "kr_tid) * 8) = kr_cv0;"))
         << vec_kernel(s);
     EXPECT_FALSE(has(vec_kernel(s), "kr_cp_async")) << vec_kernel(s);
@@ -484,7 +485,9 @@ TEST(CudaEmitter, BlockVectorizationNeedsWholeAlignedGroups) {
 // cp.async, the next row's copies issued right after the current row's last read of the cache.
 TEST(CudaEmitter, LongRowsPrefetchTheNextRow) {
   const Kernel k = softmax(1024, 262144);
-  const CudaKernelSource s = emit_cuda(k, kH200);
+  codegen::CudaDeviceInfo d256;
+  codegen::apply_cuda_tuning(d256, "cluster_threads=256"); // 64 values per thread: shared memory
+  const CudaKernelSource s = emit_cuda(k, d256);
   ASSERT_EQ(s.schedule, "cluster");
   EXPECT_TRUE(s.fit_clusters);
   const std::string v = vec_kernel(s);
@@ -498,9 +501,9 @@ TEST(CudaEmitter, LongRowsPrefetchTheNextRow) {
   EXPECT_TRUE(has(v, "const unsigned kr_pn = kr_p + (unsigned)gridDim.x / 16u;")) << v;
   // The scalar entry (misaligned pointers) loads plainly.
   EXPECT_FALSE(has(kernels(s).substr(0, kernels(s).find(v)), "kr_cp_async")) << kernels(s);
-  EXPECT_COMPILES(k);
+  EXPECT_COMPILES_WITH(k, d256);
   // Off by tuning; a fixed number of persistent clusters; one cluster per row.
-  codegen::CudaDeviceInfo d;
+  codegen::CudaDeviceInfo d = d256;
   codegen::apply_cuda_tuning(d, "cluster_prefetch=0,cluster_persist=8");
   const CudaKernelSource plain = emit_cuda(k, d);
   EXPECT_FALSE(has(kernels(plain), "kr_cp_async")) << kernels(plain);
@@ -517,6 +520,24 @@ TEST(CudaEmitter, LongRowsPrefetchTheNextRow) {
       << barrier;
   EXPECT_COMPILES_WITH(k, d);
   EXPECT_THROW(codegen::apply_cuda_tuning(d, "cluster_persist=-2"), std::exception);
+}
+
+// softmax's exp(x - max) is computed in the sum loop and again in the output loop: the second
+// reads the first's values from registers. Off by tuning.
+TEST(CudaEmitter, ExpensiveValuesComputedOncePerRow) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{16384, 8192}, {512, 262144}}) {
+    SCOPED_TRACE(cols);
+    const Kernel k = softmax(rows, cols);
+    const std::string v = vec_kernel(emit_cuda(k, kH200));
+    EXPECT_EQ(count(v, "kr_exp("), 1u) << v;
+    EXPECT_EQ(count(v, "kr_e0[kr_k * 4 + kr_l]"), 2u) << v; // written once, read once
+    EXPECT_COMPILES(k);
+    codegen::CudaDeviceInfo d;
+    codegen::apply_cuda_tuning(d, "reuse_values=0");
+    const std::string plain = vec_kernel(emit_cuda(k, d));
+    EXPECT_EQ(count(plain, "kr_exp("), 2u) << plain;
+    EXPECT_FALSE(has(plain, "kr_e0")) << plain;
+  }
 }
 
 TEST(CudaEmitter, TuningKnobs) {

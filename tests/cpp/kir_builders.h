@@ -95,8 +95,8 @@ inline Kernel softmax(int64_t rows, int64_t cols, DType dt = F32) {
                      {load("v1", F32, 0, row("r1")), let("v2", F32, "kr_exp((v1 - a0))"),
                       update("a1", ReduceOp::Sum, "v2")}),
                  inner("i1", cols,
-                       {load("v3", F32, 0, row("i1")), let("v4", F32, "(kr_exp((v3 - a0)) / a1)"),
-                        store(1, row("i1"), "v4")})})};
+                       {load("v3", F32, 0, row("i1")), let("v4", F32, "kr_exp((v3 - a0))"),
+                        let("v5", F32, "(v4 / a1)"), store(1, row("i1"), "v5")})})};
   return k;
 }
 

@@ -426,6 +426,7 @@ struct BlockPlan {
   int64_t reg_values = 0; // values per thread the register cache may hold
   bool prefetch = false;   // fill shared-memory row caches with cp.async, a row ahead
   bool async_reduce = false; // cluster all-reduces through st.async + mbarriers (no barriers)
+  bool reuse_values = true;  // keep expensive values computed again by later loops in registers
   int row_threads() const { return threads * cluster; }
   // The thread's index among the row's threads.
   std::string row_tid() const { return cluster > 1 ? "kr_rt" : "kr_tid"; }
@@ -450,6 +451,8 @@ struct RegisterCache {
   int64_t smem_bytes = 0;     // dynamic shared memory the arrays take
   std::map<std::string, int> vec; // shared-memory arrays in the vector layout: their width
   std::set<std::string> async;    // arrays filled by cp.async (row prefetch)
+  // Register caches of computed values (plan_value_reuse): let stmt -> array it fills / reads.
+  std::map<const Stmt*, std::string> let_first, let_reuse;
   std::string at(const std::string& arr, const std::string& slot) const {
     if (!smem) return arr + "[" + slot + "]";
     return arr + "[(" + slot + ") * " + std::to_string(threads) + " + kr_tid]";
@@ -526,6 +529,87 @@ RegisterCache plan_cache(const Emitter& e, const std::vector<LoopNest>& nests,
     }
   }
   return c;
+}
+
+// Expensive values a later loop of the row computes again (softmax's exp(x - max) in the sum
+// loop and in the output loop) are kept in registers by the loop that computes them first, and
+// the later loop reads them instead (register caches only: the compiler frees the cached loads
+// the value was computed from once their last reader is done, so the row costs no more
+// registers). Two lets compute the same value when their expressions match after replacing
+// each variable of the loop by what it stands for: cached loads by their array, other loads by
+// buffer and index, loop variables by position, lets by their expressions. The same values,
+// computed once: bitwise unchanged.
+bool expensive(const std::string& canon) {
+  static const char* const kFns[] = {"kr_exp", "kr_log", "kr_sin",  "kr_cos", "kr_tan",
+                                     "kr_erf", "kr_pow", "kr_sqrt", "kr_rsqrt"};
+  for (const char* f : kFns)
+    if (canon.find(f) != std::string::npos) return true; // kr_exp also finds kr_exp2, kr_expm1
+  return false;
+}
+
+void plan_value_reuse(const std::vector<LoopNest>& nests, const BlockPlan& plan,
+                      const std::vector<int>& vecs, RegisterCache& c) {
+  if (c.smem) return;
+  const int threads = plan.row_threads();
+  struct Seen {
+    const Stmt* let;
+    size_t nest;
+  };
+  std::map<std::string, Seen> first; // canonical value -> first let computing it
+  for (size_t n = 0; n < nests.size(); ++n) {
+    const LoopNest& nest = nests[n];
+    if (values_per_thread(nest, threads, vecs[n]) > plan.reg_values) continue;
+    std::string shape = "v" + std::to_string(vecs[n]) + ":";
+    std::map<std::string, std::string> canon;
+    for (size_t j = 0; j < nest.loops.size(); ++j) {
+      canon[nest.loops[j]->var] = "@" + std::to_string(j);
+      shape += std::to_string(nest.loops[j]->extent) + ",";
+    }
+    auto sub = [&](const std::string& expr) {
+      return kir::map_identifiers(expr, [&](const std::string& id) {
+        auto it = canon.find(id);
+        return it == canon.end() ? id : it->second;
+      });
+    };
+    for (const Stmt& s : *nest.body) {
+      if (s.kind == Stmt::Kind::Load) {
+        auto f = c.first.find(&s);
+        auto r = c.reuse.find(&s);
+        if (f != c.first.end() || r != c.reuse.end()) {
+          canon[s.load.var] = "#" + (f != c.first.end() ? f->second : r->second);
+        } else {
+          Rename pos;
+          for (size_t j = 0; j < nest.loops.size(); ++j)
+            pos[nest.loops[j]->var] = "@" + std::to_string(j);
+          canon[s.load.var] = "ld" + std::to_string(s.load.buffer) + "[" +
+                              index_expr(s.load.index, pos) + "]";
+        }
+        continue;
+      }
+      if (s.kind != Stmt::Kind::Let) continue;
+      const std::string v = std::string(kir::ctype(s.let.dtype)) + ":(" + sub(s.let.expr) + ")";
+      canon[s.let.var] = v;
+      if (!expensive(v)) continue;
+      const std::string key = shape + v;
+      auto it = first.find(key);
+      if (it == first.end()) {
+        first.emplace(key, Seen{&s, n});
+        continue;
+      }
+      if (it->second.nest == n) continue;
+      auto arr = c.let_first.find(it->second.let);
+      std::string name;
+      if (arr == c.let_first.end()) {
+        name = "kr_e" + std::to_string(c.let_first.size());
+        c.let_first[it->second.let] = name;
+        c.decls.push_back(std::string(kir::ctype(s.let.dtype)) + " " + name + "[" +
+                          std::to_string(values_per_thread(nest, threads, vecs[n])) + "];");
+      } else {
+        name = arr->second;
+      }
+      c.let_reuse[&s] = name;
+    }
+  }
 }
 
 // The vectorized block variant: in a Reduce/Inner nest whose innermost loop variable has
@@ -615,6 +699,11 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
   // fills the row prefetch already copied in), or one write after them (other fills).
   std::vector<std::string> cache_before, cache_after;
   for (const Stmt& b : *nest.body) {
+    if (auto it = cache.let_first.find(&b); it != cache.let_first.end())
+      e.after[&b] = it->second + "[" + slot + "] = " + b.let.var + ";";
+    if (auto it = cache.let_reuse.find(&b); it != cache.let_reuse.end())
+      e.replace[&b] = std::string("const ") + kir::ctype(b.let.dtype) + " " + b.let.var + " = " +
+                      it->second + "[" + slot + "];";
     const auto f = cache.first.find(&b);
     const auto r = cache.reuse.find(&b);
     if (f == cache.first.end() && r == cache.reuse.end()) continue;
@@ -771,6 +860,7 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
   const std::vector<int> vecs = vecs_in.empty() ? std::vector<int>(nests.size(), 0) : vecs_in;
   KR_INTERNAL(vecs.size() == nests.size(), "CUDA emitter: vector plan of another kernel");
   RegisterCache cache = plan_cache(e, nests, plan, vecs);
+  if (plan.reuse_values) plan_value_reuse(nests, plan, vecs, cache);
   smem_bytes = cache.smem_bytes;
   // Row prefetch: shared-memory arrays of the vectorized variant whose fill copies the buffer's
   // bytes (storage dtype = compute dtype) in 4/8/16-byte groups, in nests without a tail, in a
@@ -805,8 +895,12 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
 
   const std::string cluster_attr =
       cl > 1 ? "__cluster_dims__(" + std::to_string(cl) + ", 1, 1) " : "";
+  // Cluster kernels: at most 64 registers per thread (1024 / nt blocks per SM), so that two
+  // blocks of 512 threads share an SM; left alone, the compiler hoists the loads of a row's
+  // broadcast operands (layer_norm's weight and bias) into registers and one block fills the SM.
+  const std::string min_blocks = cl > 1 && nt < 1024 ? ", " + std::to_string(1024 / nt) : "";
   o.line(0, "extern \"C\" __global__ void " + cluster_attr + "__launch_bounds__(" +
-                std::to_string(nt * ppb) + ") " + name + "(" + e.params() + ") {");
+                std::to_string(nt * ppb) + min_blocks + ") " + name + "(" + e.params() + ") {");
   const bool async_reduce = cl > 1 && plan.async_reduce;
   if (reduces && nt > 32 && !async_reduce) o.line(1, "__shared__ long long kr_smem[32];");
   if (cache.smem) o.line(1, "extern __shared__ __align__(16) unsigned char kr_dyn[];");
@@ -871,6 +965,11 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
         if (auto it = cache.reuse.find(&b); it != cache.reuse.end())
           e.replace[&b] = std::string("const ") + kir::ctype(b.load.dtype) + " " + b.load.var +
                           " = " + cache.at(it->second, "kr_k") + ";";
+        if (auto it = cache.let_first.find(&b); it != cache.let_first.end())
+          e.after[&b] = it->second + "[kr_k] = " + b.let.var + ";";
+        if (auto it = cache.let_reuse.find(&b); it != cache.let_reuse.end())
+          e.replace[&b] = std::string("const ") + kir::ctype(b.let.dtype) + " " + b.let.var +
+                          " = " + it->second + "[kr_k];";
       }
       o.line(2, trips <= 32 ? "#pragma unroll" : "#pragma unroll 4");
       o.line(2, "for (" + e.vt() + " kr_k = 0; kr_k < " + std::to_string(trips) + "; ++kr_k) {");
@@ -974,10 +1073,12 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       info.cluster_prefetch = v != 0;
     } else if (key == "cluster_async_reduce") {
       info.cluster_async_reduce = v != 0;
+    } else if (key == "reuse_values") {
+      info.reuse_values = v != 0;
     } else {
       KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
                     "' (block_threads, cluster_threads, max_cluster, cluster_reg_values, "
-                    "cluster_smem_bytes, cluster_persist, cluster_prefetch, cluster_async_reduce)");
+                    "cluster_smem_bytes, cluster_persist, cluster_prefetch, cluster_async_reduce, reuse_values)");
     }
   }
 }
@@ -1037,6 +1138,7 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
       emit_grid_stride(e, r.entry, static_cast<int>(r.launch.block[0]));
     } else {
       BlockPlan plan;
+      plan.reuse_values = dev.reuse_values != 0;
       if (longest <= 256) {
         r.schedule = "warp";
         plan.threads = 32;

@@ -62,7 +62,7 @@ struct CudaDeviceInfo {
   // layer_norm / rms_norm f32): 256 threads, up to 16 blocks, 32 values in registers gave
   // 80 / 80 / 91% on rows of 32k and 68 / 67 / 68% on rows of 256k, against 74 / 73 / 86% and
   // 52 / 50 / 63% at 512 threads, 8 blocks, 16 values, and 58-67% / 55-66% at 1024 threads.
-  int cluster_threads = 256;    // cluster schedule: threads per block
+  int cluster_threads = 512;    // cluster schedule: threads per block
   int max_cluster = 16;         // blocks per cluster (over 8 is a non-portable size)
   int cluster_reg_values = 32;  // values per thread cached in registers
   int cluster_smem_bytes = -1;  // shared memory a block may cache its part of a row in (-1: all)
@@ -75,6 +75,9 @@ struct CudaDeviceInfo {
   // Cluster all-reduces: warps send their values to every block's buffer with st.async and each
   // block waits on an mbarrier (1), or a block all-reduce then a cluster barrier (0).
   int cluster_async_reduce = 1;
+  // Row schedules with register caches: an expensive value a later loop computes again (softmax's
+  // exp(x - max)) is kept in registers by the loop that computes it first (0: recomputed).
+  int reuse_values = 1;
 };
 
 // Applies "key=value,..." (the keys of CudaDeviceInfo's tuning fields) to `info`; an unknown key
