@@ -685,7 +685,8 @@ std::vector<LoopNest> point_nests(const Analysis& a) {
 // kr_g = kr_tid + kr_k * threads of `vec` consecutive innermost elements; its unit-stride loads
 // are read with kr_load_vec before the lanes run, its stores written with kr_store_vec after.
 void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, int vec,
-                      const RegisterCache& cache) {
+                      const RegisterCache& cache,
+                      const std::vector<std::string>& trip_tail = {}) {
   const int nt = plan.row_threads();
   Out& o = e.out;
   const Kernel& k = e.k;
@@ -774,6 +775,7 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
   o.line(d, "}");
   for (const std::string& l : cache_after) o.line(d, l);
   for (const std::string& st : stores_after) o.line(d, st);
+  for (const std::string& l : trip_tail) o.line(d, l);
   if (d == 4) o.line(3, "}");
   o.line(2, "}");
   e.replace.clear();
@@ -860,7 +862,10 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
   const std::vector<int> vecs = vecs_in.empty() ? std::vector<int>(nests.size(), 0) : vecs_in;
   KR_INTERNAL(vecs.size() == nests.size(), "CUDA emitter: vector plan of another kernel");
   RegisterCache cache = plan_cache(e, nests, plan, vecs);
-  if (plan.reuse_values) plan_value_reuse(nests, plan, vecs, cache);
+  // (Not in clusters: their rows hold 32 values per thread under a 64-register cap, the reused
+  // values would double that, and the next row's prefetch takes those registers; on an H200
+  // the reuse gained nothing there.)
+  if (plan.reuse_values && cl == 1) plan_value_reuse(nests, plan, vecs, cache);
   smem_bytes = cache.smem_bytes;
   // Row prefetch: shared-memory arrays of the vectorized variant whose fill copies the buffer's
   // bytes (storage dtype = compute dtype) in 4/8/16-byte groups, in nests without a tail, in a
@@ -891,6 +896,56 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       }
     }
   }
+  // The same for rows cached in registers (cluster schedule): the row's last loop, after its
+  // trip k, loads trip k of the next row into the registers of trip k (by then the current
+  // row's values there are dead: the last loop reads them, or values computed from them, for
+  // the last time), and the fill loop reads the registers. Single-loop nests of one shape.
+  std::vector<AsyncFill> reg_fills;
+  std::set<const Stmt*> reg_filled;
+  const size_t last_nest = nests.empty() ? 0 : nests.size() - 1;
+  if (plan.prefetch && cl > 1 && !cache.smem && !vecs_in.empty() && e.k.noalias &&
+      !nests.empty()) {
+    const LoopNest& last = nests[last_nest];
+    for (size_t n = 0; n < nests.size(); ++n) {
+      const int vec = vecs[n];
+      for (const Stmt& b : *nests[n].body) {
+        auto f = cache.first.find(&b);
+        if (f == cache.first.end() || vec <= 1 || vecs[last_nest] != vec) continue;
+        if (nests[n].loops.size() != 1 || last.loops.size() != 1 ||
+            nests[n].extent != last.extent || (nests[n].extent / vec) % rt != 0 ||
+            !vector_access(b.load.index, nests[n]))
+          continue;
+        reg_fills.push_back({&b, &nests[n], f->second});
+        reg_filled.insert(&b);
+      }
+    }
+  }
+  // Trip k of the next row's registers for `reg_fills` (the point's vars renamed _n; in a nest
+  // of the same shape, kr_vb is the same group).
+  auto reg_prefetch = [&](const std::string& guard) {
+    std::vector<std::string> lines;
+    if (reg_fills.empty()) return lines;
+    lines.push_back("if (" + guard + ") {");
+    for (size_t i = 0; i < reg_fills.size(); ++i) {
+      const AsyncFill& f = reg_fills[i];
+      const kir::Buffer& buf = e.k.buffers.at(f.load->load.buffer);
+      const int vec = vecs[static_cast<size_t>(f.nest - &nests[0])];
+      Rename ix;
+      for (const auto& [var, extent] : dims_of(e.a.grid)) ix[var] = var + "_n";
+      ix[f.nest->loops.back()->var] = "kr_vb";
+      const std::string st = kir::ctype(buf.dtype);
+      const std::string reg = "kr_pf" + std::to_string(i);
+      lines.push_back("  const kr_vec<" + st + ", " + std::to_string(vec) + "> " + reg +
+                      " = kr_load_vec<" + st + ", " + std::to_string(vec) + ">(" + buf.name +
+                      " + " + index_expr(f.load->load.index, ix) + ");");
+      lines.push_back("  #pragma unroll");
+      lines.push_back("  for (int kr_l = 0; kr_l < " + std::to_string(vec) + "; ++kr_l) " +
+                      cache.at(f.arr, "kr_k * " + std::to_string(vec) + " + kr_l") + " = " +
+                      load_conv(buf.dtype, f.load->load.dtype, reg + ".v[kr_l]") + ";");
+    }
+    lines.push_back("}");
+    return lines;
+  };
   KR_INTERNAL(cl == 1 || ppb == 1, "CUDA emitter: a cluster handles one outer point at a time");
 
   const std::string cluster_attr =
@@ -898,7 +953,9 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
   // Cluster kernels: at most 64 registers per thread (1024 / nt blocks per SM), so that two
   // blocks of 512 threads share an SM; left alone, the compiler hoists the loads of a row's
   // broadcast operands (layer_norm's weight and bias) into registers and one block fills the SM.
-  const std::string min_blocks = cl > 1 && nt < 1024 ? ", " + std::to_string(1024 / nt) : "";
+  // (The scalar entry, for misaligned pointers, needs more registers for its addresses.)
+  const std::string min_blocks =
+      cl > 1 && nt < 1024 && !vecs_in.empty() ? ", " + std::to_string(1024 / nt) : "";
   o.line(0, "extern \"C\" __global__ void " + cluster_attr + "__launch_bounds__(" +
                 std::to_string(nt * ppb) + min_blocks + ") " + name + "(" + e.params() + ") {");
   const bool async_reduce = cl > 1 && plan.async_reduce;
@@ -929,13 +986,34 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       cl > 1     ? "(" + e.ft() + ")gridDim.x / " + std::to_string(cl) + e.fsuf()
       : ppb == 1 ? "(" + e.ft() + ")gridDim.x"
                  : "(" + e.ft() + ")gridDim.x * " + std::to_string(ppb) + e.fsuf();
-  if (cache.smem)
+  const bool decls_outside = cache.smem || !reg_fills.empty();
+  if (decls_outside)
     for (const std::string& d : cache.decls) o.line(1, d);
   if (!fills.empty()) emit_prefetch(e, plan, cache, fills, first_point, 1);
+  if (!reg_fills.empty()) {
+    // The first row's registers.
+    o.line(1, "{");
+    o.line(2, "const " + e.ft() + " kr_pn = " + first_point + ";");
+    auto grid = dims_of(a.grid);
+    for (auto& [var, extent] : grid) var += "_n";
+    e.recover(grid, "kr_pn", 2);
+    for (const auto& [var, extent] : grid) o.line(2, "(void)" + var + ";");
+    const int vec = vecs[static_cast<size_t>(reg_fills.front().nest - &nests[0])];
+    o.line(2, "#pragma unroll");
+    o.line(2, "for (" + e.vt() + " kr_k = 0; kr_k < " +
+                  std::to_string(reg_fills.front().nest->extent / vec / rt) + "; ++kr_k) {");
+    o.line(3, "const " + e.ft() + " kr_g = " + plan.row_tid() + " + (" + e.ft() + ")kr_k * " +
+                  std::to_string(rt) + e.fsuf() + ";");
+    o.line(3, "const " + e.vt() + " kr_vb = (" + e.vt() + ")kr_g * " + std::to_string(vec) + ";");
+    for (const std::string& l : reg_prefetch("kr_pn < " + std::to_string(a.points) + e.fsuf()))
+      o.line(3, l);
+    o.line(2, "}");
+    o.line(1, "}");
+  }
   o.line(1, "for (" + e.ft() + " kr_p = " + first_point + "; kr_p < " +
                 std::to_string(a.points) + e.fsuf() + "; kr_p += " + point_step + ") {");
   e.recover(dims_of(a.grid), "kr_p", 2);
-  if (!cache.smem)
+  if (!decls_outside)
     for (const std::string& d : cache.decls) o.line(2, d);
 
   for (const Stmt& s : *a.point) {
@@ -953,7 +1031,23 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
     const int vec = vecs[ni];
     if (vec > 1) {
       if (waits.count(ni)) o.line(2, "kr_cp_async_wait_all();");
-      emit_vector_nest(e, nest, plan, vec, cache);
+      std::vector<std::string> tail;
+      if (!reg_fills.empty() && ni == last_nest) {
+        o.line(2, "const " + e.ft() + " kr_pn = kr_p + " + point_step + ";");
+        o.line(2, "const bool kr_pv = kr_pn < " + std::to_string(a.points) + e.fsuf() + ";");
+        auto grid = dims_of(a.grid);
+        for (auto& [var, extent] : grid) var += "_n";
+        e.recover(grid, "kr_pn", 2);
+        for (const auto& [var, extent] : grid) o.line(2, "(void)" + var + ";");
+        tail = reg_prefetch("kr_pv");
+      }
+      // Fills the prefetch already made read their registers.
+      RegisterCache view = cache;
+      for (const Stmt* b : reg_filled) {
+        view.reuse[b] = view.first.at(b);
+        view.first.erase(b);
+      }
+      emit_vector_nest(e, nest, plan, vec, reg_filled.empty() ? cache : view, tail);
       // This row's last read of these arrays is done: copy the next row in.
       if (auto it = refill.find(ni); it != refill.end())
         emit_prefetch(e, plan, cache, it->second, "kr_p + " + point_step, 2);
