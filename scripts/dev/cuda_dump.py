@@ -35,7 +35,9 @@ FUNCS = {
 
 def nvcc():
     found = shutil.which("nvcc")
-    return found or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    return found or (
+        "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None
+    )
 
 
 def main():
@@ -62,8 +64,19 @@ def main():
             print(f"== {path}")
             if cc:
                 r = subprocess.run(
-                    [cc, "-arch=sm_90", "-cubin", "-std=c++17", "-Xptxas", "-v", "-o", os.devnull, str(path)],
-                    capture_output=True, text=True,
+                    [
+                        cc,
+                        "-arch=sm_90",
+                        "-cubin",
+                        "-std=c++17",
+                        "-Xptxas",
+                        "-v",
+                        "-o",
+                        os.devnull,
+                        str(path),
+                    ],
+                    capture_output=True,
+                    text=True,
                 )
                 for line in r.stderr.splitlines():
                     if "registers" in line or "spill" in line or "error" in line:

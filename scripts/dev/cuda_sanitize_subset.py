@@ -21,6 +21,19 @@ cases = [
     (lambda x, w: F.rms_norm(x.bfloat16(), (300,), w.bfloat16()), (x, w)),
     (lambda x: (x.half() * 3).float().exp(), (x,)),
     (lambda x: torch.softmax(x, -1), (torch.randn(4, 70000, device=D),)),
+    # Clusters walking several rows each (the next row's registers loaded early), and rows
+    # cached in shared memory (cp.async prefetch, ragged groups).
+    (lambda x: torch.softmax(x, -1), (torch.randn(300, 65536, device=D),)),
+    (
+        lambda x, w, b: F.layer_norm(x, (131072,), w, b),
+        (
+            torch.randn(40, 131072, device=D),
+            torch.randn(131072, device=D),
+            torch.randn(131072, device=D),
+        ),
+    ),
+    (lambda x: torch.softmax(x, -1), (torch.randn(3, 300000, device=D),)),
+    (lambda x: torch.softmax(x, -1), (torch.randn(20, 524288, device=D),)),
 ]
 for fn, args in cases:
     for ft in ("consecutive", "dataflow"):

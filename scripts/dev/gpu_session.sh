@@ -82,7 +82,8 @@ for step in $STEPS; do
     ;;
   cudafuzz)
     stamp "cuda fuzz"
-    (cd /tmp && timeout 240 python3 -m keraunos.fuzz --programs 1000 --device cuda --fusion-type both) >"$OUT/fuzz-cuda.log" 2>&1
+    (cd /tmp && timeout ${CUDA_FUZZ_TIMEOUT:-240} python3 -m keraunos.fuzz --programs ${CUDA_FUZZ_PROGRAMS:-1000} \
+      --device cuda --fusion-type both) >"$OUT/fuzz-cuda.log" 2>&1
     tail -3 "$OUT/fuzz-cuda.log"
     ;;
   wait)

@@ -56,6 +56,8 @@ struct InputSpec {
 struct OutputSpec {
   nb::tuple shape, strides;
   nb::object dtype, device;
+  nb::tuple args;  // (shape, strides): torch.empty_strided's arguments, built once
+  nb::dict kwargs; // {dtype, device}
   bool into = false; // written into a tensor passed after the inputs
   int64_t bytes = 0; // of the buffer the kernel writes
 };
@@ -151,7 +153,9 @@ public:
       if (o.into) {
         t = nb::borrow(args[into_i++]);
       } else {
-        t = empty_strided(o.shape, o.strides, "dtype"_a = o.dtype, "device"_a = o.device);
+        PyObject* fresh = PyObject_Call(empty_strided.ptr(), o.args.ptr(), o.kwargs.ptr());
+        if (!fresh) throw nb::python_error();
+        t = nb::steal(fresh);
         fresh_outs.append(t);
       }
       PyObject* p = PyObject_CallMethodNoArgs(t.ptr(), nm.data_ptr);
@@ -286,6 +290,9 @@ void bind_fusion(nb::module_& m) {
             o.dtype = torch_dtype(torch, b.dtype);
             o.device = torch_device(torch, kc.outputs[j]->device);
             o.into = kc.write_into[j] != nullptr;
+            o.args = nb::make_tuple(o.shape, o.strides);
+            o.kwargs["dtype"] = o.dtype;
+            o.kwargs["device"] = o.device;
             int64_t span = 1; // elements from the first to one past the last (dense layout)
             for (size_t d = 0; d < b.shape.size(); ++d) span += (b.shape[d] - 1) * b.strides[d];
             o.bytes = b.shape.empty() || std::count(b.shape.begin(), b.shape.end(), 0) > 0
