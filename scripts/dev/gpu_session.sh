@@ -68,7 +68,7 @@ for step in $STEPS; do
     stamp "compute-sanitizer"
     CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
     if [ -n "$CS" ]; then
-      timeout 240 "$CS" --tool memcheck --error-exitcode 9 python3 scripts/dev/cuda_sanitize_subset.py >"$OUT/sanitizer.log" 2>&1
+      timeout ${SANITIZER_TIMEOUT:-240} "$CS" --tool memcheck --error-exitcode 9 python3 scripts/dev/cuda_sanitize_subset.py >"$OUT/sanitizer.log" 2>&1
       echo "memcheck rc=$?" >>"$OUT/sanitizer.log"; tail -5 "$OUT/sanitizer.log"
     else
       echo "no compute-sanitizer found" | tee "$OUT/sanitizer.log"
@@ -76,7 +76,7 @@ for step in $STEPS; do
     ;;
   opsuite)
     stamp "op suite on CUDA"
-    (cd tests/python && KERAUNOS_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider -n 6 \
+    (cd tests/python && KERAUNOS_TEST_DEVICE=cuda timeout ${OPSUITE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -n 6 \
       test_elementwise.py test_reduction.py test_nn.py test_shape.py test_mutation_basic.py test_creation.py) >"$OUT/opsuite.log" 2>&1
     tail -15 "$OUT/opsuite.log"
     ;;

@@ -898,8 +898,11 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
   }
   // The same for rows cached in registers (cluster schedule): the row's last loop, after its
   // trip k, loads trip k of the next row into the registers of trip k (by then the current
-  // row's values there are dead: the last loop reads them, or values computed from them, for
-  // the last time), and the fill loop reads the registers. Single-loop nests of one shape.
+  // row's values there are dead: the last loop reads them for the last time), and the fill loop
+  // reads the registers. Single-loop nests of one shape, and only rows that one loop reads
+  // between the fill and the last loop's read: on an H200 this took rms_norm on rows of 256k
+  // from 93% to 95% of a device copy, but softmax and layer_norm (a second reduction loop
+  // reads the row too) from 83% to 59-66%.
   std::vector<AsyncFill> reg_fills;
   std::set<const Stmt*> reg_filled;
   const size_t last_nest = nests.empty() ? 0 : nests.size() - 1;
@@ -915,6 +918,12 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
             nests[n].extent != last.extent || (nests[n].extent / vec) % rt != 0 ||
             !vector_access(b.load.index, nests[n]))
           continue;
+        std::set<size_t> readers;
+        for (size_t m = 0; m < nests.size(); ++m)
+          for (const Stmt& u : *nests[m].body)
+            if (auto r = cache.reuse.find(&u); r != cache.reuse.end() && r->second == f->second)
+              readers.insert(m);
+        if (readers != std::set<size_t>{last_nest}) continue;
         reg_fills.push_back({&b, &nests[n], f->second});
         reg_filled.insert(&b);
       }
