@@ -286,7 +286,7 @@ def test_casts():
             a.double(),
             a.type_as(torch.zeros(1, dtype=torch.int16)),
             a.to(dtype=torch.float16),
-            a.to("cpu"),
+            a.to(a.device.type),  # the same device (a move between devices is not supported)
             a.float(),
             a.to(torch.float32, copy=True),
         ),

@@ -312,6 +312,14 @@ Arg impl_cross_entropy(Builder& b, const Arg::List& a) {
              " but found ", torch_type_name(t->dtype));
     if (reduction == "none") out_shape = no_class;
   } else {
+    if (x->device.type == DeviceType::CUDA && x->ndim() <= 2) {
+      // Eager's CUDA kernels check the index type in their dispatch (the CPU one up front).
+      const char* kernel = x->ndim() == 1    ? "nll_loss_forward_reduce_cuda_kernel_1d_index"
+                           : reduction == "none" ? "nll_loss_forward_no_reduce_cuda_kernel_index"
+                                                 : "nll_loss_forward_reduce_cuda_kernel_2d_index";
+      KR_CHECK(t->dtype == DType::Int64 || t->dtype == DType::UInt8, NotImplemented, "\"", kernel,
+               "\" not implemented for '", torch_type_name(t->dtype), "'");
+    }
     KR_CHECK(t->dtype == DType::Int64 || t->dtype == DType::UInt8, Runtime,
              "expected target dtype to be Long or Byte, but got ", torch_type_name(t->dtype));
     if (x->ndim() >= 2 && t->ndim() >= 1)
