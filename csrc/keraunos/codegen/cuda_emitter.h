@@ -58,10 +58,11 @@ struct CudaDeviceInfo {
   // Schedule tuning (defaults measured on an H200; cuda_device_info() lets
   // KERAUNOS_CUDA_TUNE="key=value,..." override them for experiments):
   int block_threads = 0;        // block schedule: threads per row (0: by row length)
-  // Cluster defaults from a sweep on an H200 (scripts/dev/tune_sweep.sh, % of copy for softmax /
-  // layer_norm / rms_norm f32): 256 threads, up to 16 blocks, 32 values in registers gave
-  // 80 / 80 / 91% on rows of 32k and 68 / 67 / 68% on rows of 256k, against 74 / 73 / 86% and
-  // 52 / 50 / 63% at 512 threads, 8 blocks, 16 values, and 58-67% / 55-66% at 1024 threads.
+  // Cluster defaults from sweeps on an H200 (scripts/dev/tune_sweep.sh, % of copy for softmax /
+  // layer_norm / rms_norm f32 on rows of 256k; benchmarks/RESULTS.md, session 4): 512 threads,
+  // up to 16 blocks, 32 values in registers, two blocks per SM, mbarrier all-reduces gave
+  // 83 / 82 / 93%, against 72 / 58 / 75% at 256 threads (the row in shared memory) and
+  // 79 / 82 / 91% at 1024 threads.
   int cluster_threads = 512;    // cluster schedule: threads per block
   int max_cluster = 16;         // blocks per cluster (over 8 is a non-portable size)
   int cluster_reg_values = 32;  // values per thread cached in registers
