@@ -146,6 +146,22 @@ TEST(CudaEmitter, HalfAndBFloat16StorageComputeInFloat) {
   EXPECT_TRUE(has(src, "out1[i0] = kr_f2h(v3);")) << src;
   EXPECT_EQ(s.vec, 8); // 8 x 2 bytes per 128-bit access
   EXPECT_TRUE(has(src, "kr_h2f(kr_ld0.v[kr_l])")) << src;
+  // The vectorized bfloat16 store rounds pairs of float lanes (one cvt per pair); float16 keeps
+  // one conversion per lane.
+  EXPECT_TRUE(has(vec_kernel(s), "kr_st2[kr_l] = (float)(v2);")) << vec_kernel(s);
+  EXPECT_TRUE(has(vec_kernel(s), "kr_store_vec<unsigned, 4>(reinterpret_cast<unsigned*>(out0 + "
+                                 "kr_vb), kr_pack_bf16<8>(kr_st2));"))
+      << vec_kernel(s);
+  EXPECT_TRUE(has(vec_kernel(s), "kr_st3.v[kr_l] = kr_f2h(v3);")) << vec_kernel(s);
+  EXPECT_COMPILES(k);
+  // A value the lowering already rounded to bfloat16 for the store is stored unrounded: the
+  // store rounds it (once is the same as twice).
+  k.body = {par("i0", 1024,
+                {load("v0", F32, 0, i), load("v1", F32, 1, i), let("v2", F32, "(v0 * v1)"),
+                 let("v4", F32, "(float)(kr_bf2f(kr_f2bf((float)(v2))))"), store(2, i, "v4"),
+                 store(3, i, "v2")})};
+  const std::string v = vec_kernel(emit_cuda(k, kH200));
+  EXPECT_TRUE(has(v, "kr_st2[kr_l] = (float)(v2);")) << v;
   EXPECT_COMPILES(k);
 }
 
@@ -375,8 +391,9 @@ TEST(CudaEmitter, BlockRmsNormBFloat16IsVectorized) {
   EXPECT_TRUE(has(v, "kr_c0[kr_k * 8 + kr_l] = v0;")) << v;
   EXPECT_TRUE(has(v, "const float v3 = kr_c0[kr_k * 8 + kr_l];")) << v;
   EXPECT_TRUE(has(v, "kr_load_vec<uint16_t, 8>(in1 + kr_vb)")) << "the weight: " << v;
-  EXPECT_TRUE(has(v, "kr_st1.v[kr_l] = kr_f2bf(v5);")) << v;
-  EXPECT_TRUE(has(v, "kr_store_vec<uint16_t, 8>(out0 + 8192 * i0 + kr_vb, kr_st1);")) << v;
+  EXPECT_TRUE(has(v, "kr_st1[kr_l] = (float)(v5);")) << v;
+  EXPECT_TRUE(has(v, "kr_store_vec<unsigned, 4>(reinterpret_cast<unsigned*>(out0 + 8192 * i0 + kr_vb), "
+                     "kr_pack_bf16<8>(kr_st1));")) << v;
   EXPECT_TRUE(has(v, "const int r0 = kr_vb + kr_l;")) << v;
   EXPECT_TRUE(has(v, "a0 = kr_block_allreduce<KR_SUM, 256, float>(a0, kr_smem);")) << v;
   EXPECT_FALSE(has(v, "in0[")) << "no scalar reads of x: " << v;

@@ -283,10 +283,49 @@ struct Emitter {
   }
 };
 
+// One store of a vectorized trip: the lanes' values gathered in a kr_vec and written with one
+// access after the lanes ran (`after` receives that line); returns the lane's statement.
+// bfloat16 lanes are kept in float (bfloat16 stores round through float anyway) and rounded
+// two at a time (kr_pack_bf16: one cvt per pair, already packed).
+// A value the lowering already rounded to bfloat16 for this store (a let of the form
+// (float)(kr_bf2f(kr_f2bf((float)(X))))) is stored as X: rounding twice rounds once.
+std::string vector_store(Emitter& e, const kir::Buffer& b, const kir::Store& st,
+                         const std::string& reg, int lanes,
+                         const std::map<std::string, std::string>& base, int d,
+                         std::vector<std::string>& after, const Block& body);
+
 std::vector<std::pair<std::string, int64_t>> dims_of(const LoopNest& n) {
   std::vector<std::pair<std::string, int64_t>> dims;
   for (const Loop* l : n.loops) dims.emplace_back(l->var, l->extent);
   return dims;
+}
+
+std::string vector_store(Emitter& e, const kir::Buffer& b, const kir::Store& st,
+                         const std::string& reg, int lanes,
+                         const std::map<std::string, std::string>& base, int d,
+                         std::vector<std::string>& after, const Block& body) {
+  const std::string n = std::to_string(lanes);
+  const std::string ptr = b.name + " + " + index_expr(st.index, base);
+  if (b.dtype == DType::BFloat16 && lanes % 2 == 0) {
+    std::string value = st.value;
+    static const std::string kOpen = "(float)(kr_bf2f(kr_f2bf((float)(";
+    static const std::string kClose = "))))";
+    for (const Stmt& s : body)
+      if (s.kind == Stmt::Kind::Let && s.let.var == st.value && s.let.dtype == DType::Float32 &&
+          s.let.expr.size() > kOpen.size() + kClose.size() && s.let.expr.rfind(kOpen, 0) == 0 &&
+          s.let.expr.compare(s.let.expr.size() - kClose.size(), kClose.size(), kClose) == 0)
+        value = s.let.expr.substr(kOpen.size(),
+                                  s.let.expr.size() - kOpen.size() - kClose.size());
+    e.out.line(d, "float " + reg + "[" + n + "];");
+    after.push_back("kr_store_vec<unsigned, " + std::to_string(lanes / 2) +
+                    ">(reinterpret_cast<unsigned*>(" + ptr + "), kr_pack_bf16<" + n + ">(" + reg +
+                    "));");
+    return reg + "[kr_l] = (float)(" + value + ");";
+  }
+  const std::string t = kir::ctype(b.dtype);
+  e.out.line(d, "kr_vec<" + t + ", " + n + "> " + reg + ";");
+  after.push_back("kr_store_vec<" + t + ", " + n + ">(" + ptr + ", " + reg + ");");
+  return reg + ".v[kr_l] = " + store_conv(b.dtype, st.value) + ";";
 }
 
 unsigned clamp_grid(int64_t blocks) {
@@ -392,12 +431,9 @@ void emit_vectorized(Emitter& e, const std::string& name, int vec, int threads) 
                       " = " + load_conv(b.dtype, s.load.dtype, reg + ".v[kr_l]") + ";";
     } else if (s.kind == Stmt::Kind::Store) {
       const kir::Buffer& b = k.buffers.at(s.store.buffer);
-      const std::string st = kir::ctype(b.dtype);
       const std::string reg = "kr_st" + std::to_string(n++);
-      o.line(2, "kr_vec<" + st + ", " + lanes + "> " + reg + ";");
-      e.replace[&s] = reg + ".v[kr_l] = " + store_conv(b.dtype, s.store.value) + ";";
-      stores_after.push_back("kr_store_vec<" + st + ", " + lanes + ">(" + b.name + " + " +
-                             index_expr(s.store.index, base) + ", " + reg + ");");
+      e.replace[&s] =
+          vector_store(e, b, s.store, reg, std::stoi(lanes), base, 2, stores_after, *a.point);
     }
   }
   o.line(2, "#pragma unroll");
@@ -759,12 +795,8 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
                       " = " + load_conv(buf.dtype, b.load.dtype, reg + ".v[kr_l]") + ";";
     } else if (b.kind == Stmt::Kind::Store) {
       const kir::Buffer& buf = k.buffers.at(b.store.buffer);
-      const std::string st = kir::ctype(buf.dtype);
       const std::string reg = "kr_st" + std::to_string(n++);
-      o.line(d, "kr_vec<" + st + ", " + lanes + "> " + reg + ";");
-      e.replace[&b] = reg + ".v[kr_l] = " + store_conv(buf.dtype, b.store.value) + ";";
-      stores_after.push_back("kr_store_vec<" + st + ", " + lanes + ">(" + buf.name + " + " +
-                             index_expr(b.store.index, base) + ", " + reg + ");");
+      e.replace[&b] = vector_store(e, buf, b.store, reg, vec, base, d, stores_after, *nest.body);
     }
   }
   o.line(d, "#pragma unroll");

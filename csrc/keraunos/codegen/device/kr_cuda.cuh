@@ -69,6 +69,17 @@ KR_DEVICE uint16_t kr_f2bf(float f) { // c10's software rounding before sm_80, N
 }
 #endif
 KR_DEVICE uint16_t kr_f2bf(double d) { return kr_f2bf(static_cast<float>(d)); }
+// Two values rounded as kr_f2bf does, packed: `lo` in the low half (the lower address).
+KR_DEVICE unsigned kr_f2bf2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return static_cast<unsigned>(kr_f2bf(lo)) | (static_cast<unsigned>(kr_f2bf(hi)) << 16);
+#endif
+}
+
 
 // ---------------------------------------------------------------------------------------------
 // Unary math, float and double.
@@ -383,6 +394,14 @@ template <class T, int N> KR_DEVICE kr_vec<T, N> kr_load_vec(const T* p) {
 template <class T, int N> KR_DEVICE void kr_store_vec(T* p, const kr_vec<T, N>& v) {
   *reinterpret_cast<kr_vec<T, N>*>(p) = v;
 }
+// N float lanes rounded to bfloat16 two at a time, packed for one N * 2-byte store.
+template <int N> KR_DEVICE kr_vec<unsigned, N / 2> kr_pack_bf16(const float (&f)[N]) {
+  kr_vec<unsigned, N / 2> r;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) r.v[i] = kr_f2bf2(f[2 * i], f[2 * i + 1]);
+  return r;
+}
+
 
 #undef KR_DEVICE
 #endif // KERAUNOS_KR_CUDA_CUH
