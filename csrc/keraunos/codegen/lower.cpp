@@ -751,10 +751,10 @@ private:
                         std::string(kir::ctype(d));
       for (auto dim : dims) key += "," + std::to_string(dim);
       for (const auto& x : idx) key += ";" + x.ix.str();
-      auto& memo = scopes_.back().memo;
-      if (auto m = memo.find(key); m != memo.end()) return m->second;
+      if (auto m = scopes_.back().memo.find(key); m != scopes_.back().memo.end()) return m->second;
       std::string acc = reduction_loop(a, dims, idx, op, d, cast_to(d));
-      memo[key] = acc;
+      // (Not a reference taken before: the loop's scopes may reallocate scopes_.)
+      scopes_.back().memo[key] = acc;
       return acc;
     };
     switch (b.op) {
