@@ -563,6 +563,41 @@ TEST(CudaEmitter, ExpensiveValuesComputedOncePerRow) {
 // again (rms_norm): the output loop loads the next row's trip k into the registers of trip k
 // once it has used them; the fill loop reads them. Not for rows a second reduction loop reads
 // (softmax): slower on an H200.
+// Deep chains of lets that use a value twice (y = y * y + y, 40 times) in two loops: the same
+// value is recognised in both (its exp is computed once), and the forms compared stay small
+// (spelled out, they would double with every step).
+TEST(CudaEmitter, ValueReuseOnDeepChains) {
+  Kernel k;
+  k.name = "chains";
+  k.device = DeviceType::CUDA;
+  k.buffers = {buffer("in0", F32, false, {64, 4096}), buffer("out0", F32, true, {64, 4096})};
+  auto row = [&](const char* v) { return idx({{"i0", 4096}, {v, 1}}); };
+  auto chain = [](const std::string& x, const std::string& p, Block& b) {
+    std::string prev = x;
+    for (int j = 0; j < 40; ++j) {
+      const std::string v = p + std::to_string(j);
+      b.push_back(let(v, F32, "((" + prev + " * " + prev + ") + " + prev + ")"));
+      prev = v;
+    }
+    return prev;
+  };
+  Block red_body{load("v0", F32, 0, row("r0"))};
+  const std::string c = chain("v0", "c", red_body);
+  red_body.push_back(let("e0", F32, "kr_exp(" + c + ")"));
+  red_body.push_back(update("a0", ReduceOp::Sum, "e0"));
+  Block out_body{load("v1", F32, 0, row("i1"))};
+  const std::string d = chain("v1", "d", out_body);
+  out_body.push_back(let("e1", F32, "kr_exp(" + d + ")"));
+  out_body.push_back(let("o1", F32, "(e1 / a0)"));
+  out_body.push_back(store(1, row("i1"), "o1"));
+  k.body = {par("i0", 64, {acc("a0", F32, ReduceOp::Sum), red("r0", 4096, red_body),
+                           inner("i1", 4096, out_body)})};
+  const std::string v = vec_kernel(emit_cuda(k, kH200));
+  EXPECT_EQ(count(v, "kr_exp("), 1u) << v;
+  EXPECT_TRUE(has(v, "const float e1 = kr_e0[kr_k * 4 + kr_l];")) << v;
+  EXPECT_COMPILES(k);
+}
+
 TEST(CudaEmitter, LongRowsInRegistersPrefetchTheNextRow) {
   const Kernel k = rms_norm_rows(512, 262144);
   const CudaKernelSource s = emit_cuda(k, kH200);

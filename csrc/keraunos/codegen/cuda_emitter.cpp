@@ -573,13 +573,13 @@ RegisterCache plan_cache(const Emitter& e, const std::vector<LoopNest>& nests,
 // the value was computed from once their last reader is done, so the row costs no more
 // registers). Two lets compute the same value when their expressions match after replacing
 // each variable of the loop by what it stands for: cached loads by their array, other loads by
-// buffer and index, loop variables by position, lets by their expressions. The same values,
-// computed once: bitwise unchanged.
-bool expensive(const std::string& canon) {
+// buffer and index, loop variables by position, lets by the number of their form. The same
+// values, computed once: bitwise unchanged.
+bool expensive(const std::string& expr) {
   static const char* const kFns[] = {"kr_exp", "kr_log", "kr_sin",  "kr_cos", "kr_tan",
                                      "kr_erf", "kr_pow", "kr_sqrt", "kr_rsqrt"};
   for (const char* f : kFns)
-    if (canon.find(f) != std::string::npos) return true; // kr_exp also finds kr_exp2, kr_expm1
+    if (expr.find(f) != std::string::npos) return true; // kr_exp also finds kr_exp2, kr_expm1
   return false;
 }
 
@@ -591,41 +591,47 @@ void plan_value_reuse(const std::vector<LoopNest>& nests, const BlockPlan& plan,
     const Stmt* let;
     size_t nest;
   };
-  std::map<std::string, Seen> first; // canonical value -> first let computing it
+  // Each distinct value gets a number; a let's form names its operands by their numbers, so
+  // forms stay short however the lets nest (spelled out, `y * y + y` chains grow exponentially).
+  std::map<std::string, int> ids;
+  auto id_of = [&](const std::string& form) {
+    return "%" + std::to_string(ids.emplace(form, static_cast<int>(ids.size())).first->second);
+  };
+  std::map<std::string, Seen> first; // shape + value number -> first let computing it
   for (size_t n = 0; n < nests.size(); ++n) {
     const LoopNest& nest = nests[n];
     if (values_per_thread(nest, threads, vecs[n]) > plan.reg_values) continue;
     std::string shape = "v" + std::to_string(vecs[n]) + ":";
     std::map<std::string, std::string> canon;
+    Rename pos;
     for (size_t j = 0; j < nest.loops.size(); ++j) {
-      canon[nest.loops[j]->var] = "@" + std::to_string(j);
+      canon[nest.loops[j]->var] = pos[nest.loops[j]->var] = "@" + std::to_string(j);
       shape += std::to_string(nest.loops[j]->extent) + ",";
     }
-    auto sub = [&](const std::string& expr) {
-      return kir::map_identifiers(expr, [&](const std::string& id) {
-        auto it = canon.find(id);
-        return it == canon.end() ? id : it->second;
-      });
-    };
     for (const Stmt& s : *nest.body) {
       if (s.kind == Stmt::Kind::Load) {
         auto f = c.first.find(&s);
         auto r = c.reuse.find(&s);
-        if (f != c.first.end() || r != c.reuse.end()) {
-          canon[s.load.var] = "#" + (f != c.first.end() ? f->second : r->second);
-        } else {
-          Rename pos;
-          for (size_t j = 0; j < nest.loops.size(); ++j)
-            pos[nest.loops[j]->var] = "@" + std::to_string(j);
-          canon[s.load.var] = "ld" + std::to_string(s.load.buffer) + "[" +
-                              index_expr(s.load.index, pos) + "]";
-        }
+        canon[s.load.var] =
+            f != c.first.end()   ? id_of("#" + f->second)
+            : r != c.reuse.end() ? id_of("#" + r->second)
+                                 : id_of("ld" + std::to_string(s.load.buffer) + "[" +
+                                         index_expr(s.load.index, pos) + "]");
         continue;
       }
       if (s.kind != Stmt::Kind::Let) continue;
-      const std::string v = std::string(kir::ctype(s.let.dtype)) + ":(" + sub(s.let.expr) + ")";
+      const std::string form =
+          std::string(kir::ctype(s.let.dtype)) + ":(" +
+          kir::map_identifiers(s.let.expr, [&](const std::string& id) {
+            auto it = canon.find(id);
+            return it == canon.end() ? id : it->second;
+          }) +
+          ")";
+      const std::string v = id_of(form);
       canon[s.let.var] = v;
-      if (!expensive(v)) continue;
+      // Worth keeping when the let itself calls an expensive function (a cast of an expensive
+      // value is cheap to redo from the kept value).
+      if (!expensive(s.let.expr)) continue;
       const std::string key = shape + v;
       auto it = first.find(key);
       if (it == first.end()) {

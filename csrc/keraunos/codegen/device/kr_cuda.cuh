@@ -344,9 +344,11 @@ KR_DEVICE T kr_cluster_allreduce_async(T v, long long* bufs, unsigned long long*
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];"
                  : : "r"(rat), "l"(bits.b), "r"(rbar) : "memory");
   }
+  // Acquire at cluster scope: the other blocks' st.async bytes complete with a release at
+  // cluster scope, and the one-round-ahead argument above rests on that ordering.
   unsigned done = 0;
   do {
-    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
                  "selp.u32 %0, 1, 0, p;\n\t}"
                  : "=r"(done)
                  : "r"(bar), "r"(parity)
