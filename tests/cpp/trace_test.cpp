@@ -83,6 +83,47 @@ TEST(TorchProgram, SingleOutputAndNoInputs) {
             "  return t0\n");
 }
 
+// Eager CUDA divides by a Python number as a multiplication by its float reciprocal and takes a
+// mean as the sum times outputs / inputs (in float); the CPU divides both.
+TEST(Printer, DivisionByNumberFollowsTheDevice) {
+  auto trace = [](Device dev) {
+    Builder b;
+    auto x = b.add_input(DType::BFloat16, dev, {2, 6}, {});
+    Arg q = b.call_user(OpId::div, {Arg(x), Arg(int64_t{3})}, {}, "torch.div", nullptr);
+    Arg m = b.call_user(OpId::mean, {Arg(x), Arg::int_list({1})}, {}, "torch.mean", nullptr);
+    b.set_return(Arg(Arg::List{q, m}));
+    return b.finish().str();
+  };
+  EXPECT_EQ(trace(Device{DeviceType::CUDA, 0}),
+            "# Constructed by acquire (0.000 ms)\n"
+            "def computation(t0):\n"
+            "  # t0: cuda:0 bf16[2, 6]\n"
+            "  t3 = ltorch.div(t0, 3)  # t3: cuda:0 bf16[2, 6]\n"
+            "    # t1 = prims.convert_element_type(t0, torch.float32)  # t1: cuda:0 f32[2, 6]\n"
+            "    # t2 = prims.mul(t1, 0.3333333432674408)  # t2: cuda:0 f32[2, 6]\n"
+            "    # t3 = prims.convert_element_type(t2, torch.bfloat16)  # t3: cuda:0 bf16[2, 6]\n"
+            "  t7 = ltorch.mean(t0, [1])  # t7: cuda:0 bf16[2]\n"
+            "    # t4 = prims.convert_element_type(t0, torch.float32)  # t4: cuda:0 f32[2, 6]\n"
+            "    # t5 = prims.sum(t4, [1])  # t5: cuda:0 f32[2]\n"
+            "    # t6 = prims.mul(t5, 0.1666666716337204)  # t6: cuda:0 f32[2]\n"
+            "    # t7 = prims.convert_element_type(t6, torch.bfloat16)  # t7: cuda:0 bf16[2]\n"
+            "  return t3, t7\n");
+  EXPECT_EQ(trace(Device{}),
+            "# Constructed by acquire (0.000 ms)\n"
+            "def computation(t0):\n"
+            "  # t0: cpu bf16[2, 6]\n"
+            "  t3 = ltorch.div(t0, 3)  # t3: cpu bf16[2, 6]\n"
+            "    # t1 = prims.convert_element_type(t0, torch.float32)  # t1: cpu f32[2, 6]\n"
+            "    # t2 = prims.div(t1, 3)  # t2: cpu f32[2, 6]\n"
+            "    # t3 = prims.convert_element_type(t2, torch.bfloat16)  # t3: cpu bf16[2, 6]\n"
+            "  t7 = ltorch.mean(t0, [1])  # t7: cpu bf16[2]\n"
+            "    # t4 = prims.convert_element_type(t0, torch.float32)  # t4: cpu f32[2, 6]\n"
+            "    # t5 = prims.sum(t4, [1])  # t5: cpu f32[2]\n"
+            "    # t6 = prims.div(t5, 6.0)  # t6: cpu f32[2]\n"
+            "    # t7 = prims.convert_element_type(t6, torch.bfloat16)  # t7: cpu bf16[2]\n"
+            "  return t3, t7\n");
+}
+
 // --- verifier ---
 
 TEST(Verifier, ValidTracePasses) {

@@ -151,7 +151,20 @@ Arg impl_mul(Builder& b, const Arg::List& a) {
 
 Arg impl_div(Builder& b, const Arg::List& a) {
   const Arg& mode = a[2];
-  if (mode.is_none()) return Arg(ew(b, OpId::prim_div, {a[0], a[1]}, P::IntToFloat, "torch.div"));
+  if (mode.is_none()) {
+    // Eager CUDA divides by a CPU scalar as a multiplication by its reciprocal, computed in the
+    // opmath type (div_true_kernel_cuda); the CPU divides. Match the device's results.
+    if (a[0].is_tensor() && a[0].tensor()->device.type == DeviceType::CUDA && a[1].is_number()) {
+      DType r = result_type({a[0], a[1]}, b.options().default_float);
+      if (is_float(r)) {
+        double c = a[1].as_double();
+        double inv = r == DType::Float64 ? 1.0 / c
+                                         : static_cast<double>(1.0f / static_cast<float>(c));
+        return Arg(ew(b, OpId::prim_mul, {a[0], Arg(inv)}, P::IntToFloat, "torch.div"));
+      }
+    }
+    return Arg(ew(b, OpId::prim_div, {a[0], a[1]}, P::IntToFloat, "torch.div"));
+  }
   const std::string& m = mode.as_str();
   KR_CHECK(m == "trunc" || m == "floor", Value,
            "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '", m,

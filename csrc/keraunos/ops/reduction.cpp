@@ -62,10 +62,20 @@ int64_t reduced_numel(const Shape& shape, const std::vector<int64_t>& dims) {
   return n;
 }
 
-// mean over dims in x's dtype (x already in its computation dtype).
+// mean over dims in x's dtype (x already in its computation dtype). The CPU divides the sum by
+// the count; eager CUDA's MeanOps multiplies it by outputs / inputs computed in the accumulation
+// type.
 TensorRef mean_of(Builder& b, const TensorRef& x, const std::vector<int64_t>& dims) {
   auto s = reduce(b, OpId::prim_sum, x, dims);
-  return prim(b, OpId::prim_div, {Arg(s), Arg(static_cast<double>(reduced_numel(x->shape, dims)))});
+  const int64_t n = reduced_numel(x->shape, dims);
+  if (x->device.type == DeviceType::CUDA && is_float(x->dtype)) {
+    const int64_t total = x->numel(), outs = n == 0 ? 0 : total / n;
+    double f = x->dtype == DType::Float64
+                   ? static_cast<double>(outs) / static_cast<double>(total)
+                   : static_cast<double>(static_cast<float>(outs) / static_cast<float>(total));
+    return prim(b, OpId::prim_mul, {Arg(s), Arg(f)});
+  }
+  return prim(b, OpId::prim_div, {Arg(s), Arg(static_cast<double>(n))});
 }
 
 } // namespace red
