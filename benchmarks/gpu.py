@@ -16,9 +16,9 @@ Cases (float32 unless said):
   chain10      the 10-op chain of overhead.py (sin, *2, +1, exp, -x, abs, sqrt, /3, tanh, neg)
                on 2^28 elements,
   softmax      torch.softmax(x, -1) on (16384, 8192) and (512, 262144),
-  layer_norm   F.layer_norm on (16384, 8192),
+  layer_norm   F.layer_norm on (16384, 8192) and (512, 262144),
   rms_norm     HF's LlamaRMSNorm on bfloat16 (16384, 8192) (float32 statistics, cast back),
-  rms_norm_fn  F.rms_norm on the same bfloat16 tensors,
+  rms_norm_fn  F.rms_norm on the same bfloat16 tensors and on bfloat16 (512, 262144),
   overhead     host µs per call of chain10 on 16 elements: --calls calls, no synchronization
                between them, the clock stopped before the final synchronize.
 --quick uses 2^20 elements, (256, 2048) / (8, 65536) rows and 200 calls: a smoke test.
@@ -55,8 +55,22 @@ def cases(quick):
             label=f"softmax {long_rows}×{long_cols}",
         ),
         bu.Case("layer_norm", bu.layer_norm, [(rows, cols), (cols,), (cols,)], f32),
+        bu.Case(
+            "layer_norm",
+            bu.layer_norm,
+            [(long_rows, long_cols), (long_cols,), (long_cols,)],
+            f32,
+            label=f"layer_norm {long_rows}×{long_cols}",
+        ),
         bu.Case("rms_norm", bu.rms_norm, [(rows, cols), (cols,)], bf16),
         bu.Case("rms_norm_fn", bu.rms_norm_fn, [(rows, cols), (cols,)], bf16),
+        bu.Case(
+            "rms_norm_fn",
+            bu.rms_norm_fn,
+            [(long_rows, long_cols), (long_cols,)],
+            bf16,
+            label=f"F.rms_norm {long_rows}×{long_cols}",
+        ),
         bu.Case("overhead", bu.chain10, [(16,)], f32, extra={"overhead": True}),
     ]
 

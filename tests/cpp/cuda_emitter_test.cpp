@@ -384,12 +384,14 @@ TEST(CudaEmitter, BlockRmsNormBFloat16IsVectorized) {
   EXPECT_TRUE(has(v, "for (int kr_k = 0; kr_k < 4; ++kr_k) {")) << v;
   EXPECT_FALSE(has(v, "if (kr_g <")) << v;
   EXPECT_TRUE(has(v, "const int kr_vb = kr_vg * 8;")) << v;
-  EXPECT_TRUE(has(v, "float kr_c0[32];")) << v;
+  // The row's bfloat16 bits, two to a register (16 registers, not 32 floats).
+  EXPECT_TRUE(has(v, "unsigned kr_c0[16];")) << v;
   EXPECT_TRUE(has(v, "kr_load_vec<uint16_t, 8>(in0 + 8192 * i0 + kr_vb)")) << v;
   EXPECT_EQ(count(v, "kr_load_vec<uint16_t, 8>(in0"), 1u) << "x is read once: " << v;
   EXPECT_TRUE(has(v, "const float v0 = kr_bf2f(kr_ld0.v[kr_l]);")) << v;
-  EXPECT_TRUE(has(v, "kr_c0[kr_k * 8 + kr_l] = v0;")) << v;
-  EXPECT_TRUE(has(v, "const float v3 = kr_c0[kr_k * 8 + kr_l];")) << v;
+  EXPECT_TRUE(has(v, "kr_put_words<8>(kr_c0 + (kr_k * 8) / 2, kr_ld0);")) << v;
+  EXPECT_TRUE(has(v, "const float v3 = kr_bf2f(kr_word_half(kr_c0[(kr_k * 8 + kr_l) / 2], "
+                     "(kr_k * 8 + kr_l) & 1));")) << v;
   EXPECT_TRUE(has(v, "kr_load_vec<uint16_t, 8>(in1 + kr_vb)")) << "the weight: " << v;
   EXPECT_TRUE(has(v, "kr_st1[kr_l] = (float)(v5);")) << v;
   EXPECT_TRUE(has(v, "kr_store_vec<unsigned, 4>(reinterpret_cast<unsigned*>(out0 + 8192 * i0 + kr_vb), "

@@ -147,3 +147,23 @@ def test_division_by_a_number_matches_eager_bitwise(dtype):
     got = keraunos.jit(f)(x)
     for g, e in zip(got, f(x)):
         assert torch.equal(g, e)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cols", [8192, 262144])
+def test_half_rows_cached_in_registers(dtype, cols):
+    # Rows whose 16-bit bits the vector kernels keep in registers, two values to a word: the
+    # block schedule (8k) and the cluster schedule with its next-row prefetch (256k).
+    x, w, b = r(6, cols, dtype=dtype), r(cols, dtype=dtype), r(cols, dtype=dtype)
+
+    def f(x, w, b):
+        hf = x.float()
+        hf = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (
+            F.rms_norm(x, (cols,), w),
+            F.layer_norm(x, (cols,), w, b),
+            x.softmax(-1),
+            w * hf.to(dtype),
+        )
+
+    check(f, x, w, b)

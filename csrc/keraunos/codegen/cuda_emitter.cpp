@@ -461,12 +461,18 @@ struct BlockPlan {
   int64_t smem_cache_bytes = 0;
   int64_t reg_values = 0; // values per thread the register cache may hold
   bool prefetch = false;   // fill shared-memory row caches with cp.async, a row ahead
+  int min_blocks = 0;      // block schedule: blocks per SM asked of __launch_bounds__ (0: none)
   bool async_reduce = false; // cluster all-reduces through st.async + mbarriers (no barriers)
   bool reuse_values = true;  // keep expensive values computed again by later loops in registers
   int row_threads() const { return threads * cluster; }
   // The thread's index among the row's threads.
   std::string row_tid() const { return cluster > 1 ? "kr_rt" : "kr_tid"; }
 };
+
+// Whether a load of a vectorized nest reads `vec` consecutive elements (one kr_vec access).
+bool vector_access(const Index& ix, const LoopNest& nest) {
+  return ix.affine() && ix.coef(nest.loops.back()->var) == 1;
+}
 
 // Point-level loads that several loops of a row read at the same index are kept in registers:
 // each thread's values live in a local array indexed by the (fully unrolled) trip number.
@@ -489,9 +495,27 @@ struct RegisterCache {
   std::set<std::string> async;    // arrays filled by cp.async (row prefetch)
   // Register caches of computed values (plan_value_reuse): let stmt -> array it fills / reads.
   std::map<const Stmt*, std::string> let_first, let_reuse;
+  // Register arrays of float16/bfloat16 rows (filled by vector loads) that hold the stored bits
+  // rather than the floats they load as, two values to a 32-bit word (kr_put_words), converted
+  // at each read (one instruction): a row of 32 values per thread takes 16 registers instead of
+  // 32, and more rows fit on an SM. Array -> storage dtype.
+  std::map<std::string, DType> raw;
   std::string at(const std::string& arr, const std::string& slot) const {
     if (!smem) return arr + "[" + slot + "]";
     return arr + "[(" + slot + ") * " + std::to_string(threads) + " + kr_tid]";
+  }
+  // The value `load` reads, from array `arr`.
+  std::string read(const std::string& arr, const std::string& slot, const Stmt& load) const {
+    auto r = raw.find(arr);
+    if (r == raw.end()) return at(arr, slot);
+    return load_conv(r->second, load.load.dtype,
+                     "kr_word_half(" + arr + "[(" + slot + ") / 2], (" + slot + ") & 1)");
+  }
+  // Fills `vec` values of raw array `arr` from vector `reg` at value `first` (a multiple of vec).
+  std::string put_words(const std::string& arr, const std::string& first, int vec,
+                        const std::string& reg) const {
+    return "kr_put_words<" + std::to_string(vec) + ">(" + arr + " + (" + first + ") / 2, " + reg +
+           ");";
   }
   // Trip kr_k's group of thread kr_tid (vector layout).
   std::string vec_ptr(const std::string& arr) const {
@@ -551,7 +575,16 @@ RegisterCache plan_cache(const Emitter& e, const std::vector<LoopNest>& nests,
       c.smem_bytes += (bytes + 15) / 16 * 16;
       if (const int v = vecs[list.front().first]; v > 1) c.vec[arr] = v;
     } else {
-      c.decls.push_back(t + " " + arr + "[" + std::to_string(trips) + "];");
+      const size_t fn = list.front().first;
+      const DType storage = e.k.buffers.at(first->load.buffer).dtype;
+      if (vecs[fn] > 1 && vector_access(first->load.index, nests[fn]) &&
+          (storage == DType::Float16 || storage == DType::BFloat16) &&
+          storage != first->load.dtype) {
+        c.raw[arr] = storage;
+        c.decls.push_back("unsigned " + arr + "[" + std::to_string(trips / 2) + "];");
+      } else {
+        c.decls.push_back(t + " " + arr + "[" + std::to_string(trips) + "];");
+      }
     }
     const size_t first_loop = list.front().first;
     bool filled = false;
@@ -710,11 +743,6 @@ std::vector<int> block_vector_plan(const Kernel& k, const std::vector<LoopNest>&
   return vecs;
 }
 
-// Whether a load of a vectorized nest reads `vec` consecutive elements (one kr_vec access).
-bool vector_access(const Index& ix, const LoopNest& nest) {
-  return ix.affine() && ix.coef(nest.loops.back()->var) == 1;
-}
-
 // Collects the Reduce/Inner nests of an outer point, in order.
 std::vector<LoopNest> point_nests(const Analysis& a) {
   std::vector<LoopNest> nests;
@@ -768,7 +796,7 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
     } else if (f != cache.first.end()) {
       e.after[&b] = cache.at(arr, slot) + " = " + b.load.var + ";";
     } else {
-      e.replace[&b] = "const " + t + " " + b.load.var + " = " + cache.at(arr, slot) + ";";
+      e.replace[&b] = "const " + t + " " + b.load.var + " = " + cache.read(arr, slot, b) + ";";
     }
   }
   o.line(2, trips * vec <= 32 ? "#pragma unroll" : "#pragma unroll 4");
@@ -799,6 +827,10 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
                     lanes + ">(" + buf.name + " + " + index_expr(b.load.index, base) + ");");
       e.replace[&b] = std::string("const ") + kir::ctype(b.load.dtype) + " " + b.load.var +
                       " = " + load_conv(buf.dtype, b.load.dtype, reg + ".v[kr_l]") + ";";
+      if (auto f = cache.first.find(&b); f != cache.first.end() && cache.raw.count(f->second)) {
+        e.after.erase(&b);
+        o.line(d, cache.put_words(f->second, "kr_k * " + lanes, vec, reg));
+      }
     } else if (b.kind == Stmt::Kind::Store) {
       const kir::Buffer& buf = k.buffers.at(b.store.buffer);
       const std::string reg = "kr_st" + std::to_string(n++);
@@ -985,6 +1017,10 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       lines.push_back("  const kr_vec<" + st + ", " + std::to_string(vec) + "> " + reg +
                       " = kr_load_vec<" + st + ", " + std::to_string(vec) + ">(" + buf.name +
                       " + " + index_expr(f.load->load.index, ix) + ");");
+      if (cache.raw.count(f.arr)) {
+        lines.push_back("  " + cache.put_words(f.arr, "kr_k * " + std::to_string(vec), vec, reg));
+        continue;
+      }
       lines.push_back("  #pragma unroll");
       lines.push_back("  for (int kr_l = 0; kr_l < " + std::to_string(vec) + "; ++kr_l) " +
                       cache.at(f.arr, "kr_k * " + std::to_string(vec) + " + kr_l") + " = " +
@@ -1002,7 +1038,9 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
   // broadcast operands (layer_norm's weight and bias) into registers and one block fills the SM.
   // (The scalar entry, for misaligned pointers, needs more registers for its addresses.)
   const std::string min_blocks =
-      cl > 1 && nt < 1024 && !vecs_in.empty() ? ", " + std::to_string(1024 / nt) : "";
+      cl > 1 && nt < 1024 && !vecs_in.empty()                ? ", " + std::to_string(1024 / nt)
+      : cl == 1 && plan.min_blocks > 0 && !vecs_in.empty() ? ", " + std::to_string(plan.min_blocks)
+                                                             : "";
   o.line(0, "extern \"C\" __global__ void " + cluster_attr + "__launch_bounds__(" +
                 std::to_string(nt * ppb) + min_blocks + ") " + name + "(" + e.params() + ") {");
   const bool async_reduce = cl > 1 && plan.async_reduce;
@@ -1105,7 +1143,7 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
           e.after[&b] = cache.at(it->second, "kr_k") + " = " + b.load.var + ";";
         if (auto it = cache.reuse.find(&b); it != cache.reuse.end())
           e.replace[&b] = std::string("const ") + kir::ctype(b.load.dtype) + " " + b.load.var +
-                          " = " + cache.at(it->second, "kr_k") + ";";
+                          " = " + cache.read(it->second, "kr_k", b) + ";";
         if (auto it = cache.let_first.find(&b); it != cache.let_first.end())
           e.after[&b] = it->second + "[kr_k] = " + b.let.var + ";";
         if (auto it = cache.let_reuse.find(&b); it != cache.let_reuse.end())
@@ -1194,6 +1232,9 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       KR_CHECK(v == 0 || (v >= 32 && v <= 1024 && (v & (v - 1)) == 0), Value,
                "KERAUNOS_CUDA_TUNE: block_threads must be 0 or a power of two in 32..1024");
       info.block_threads = v;
+    } else if (key == "block_min_blocks") {
+      KR_CHECK(v >= 0 && v <= 32, Value, "KERAUNOS_CUDA_TUNE: block_min_blocks is 0..32");
+      info.block_min_blocks = v;
     } else if (key == "cluster_threads") {
       KR_CHECK(v >= 32 && v <= 1024 && (v & (v - 1)) == 0, Value,
                "KERAUNOS_CUDA_TUNE: cluster_threads must be a power of two in 32..1024");
@@ -1218,7 +1259,7 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       info.reuse_values = v != 0;
     } else {
       KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
-                    "' (block_threads, cluster_threads, max_cluster, cluster_reg_values, "
+                    "' (block_threads, block_min_blocks, cluster_threads, max_cluster, cluster_reg_values, "
                     "cluster_smem_bytes, cluster_persist, cluster_prefetch, cluster_async_reduce, reuse_values)");
     }
   }
@@ -1327,6 +1368,7 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
         if (dev.block_threads > 0) threads = dev.block_threads;
         plan.threads = static_cast<int>(std::min(threads, max_threads));
         plan.reg_values = register_cache_max(plan.threads);
+        plan.min_blocks = dev.block_min_blocks;
       }
       r.launch.block[0] = static_cast<unsigned>(plan.threads);
       r.launch.block[1] = static_cast<unsigned>(plan.points_per_block);

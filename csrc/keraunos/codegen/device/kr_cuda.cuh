@@ -396,6 +396,16 @@ template <class T, int N> KR_DEVICE kr_vec<T, N> kr_load_vec(const T* p) {
 template <class T, int N> KR_DEVICE void kr_store_vec(T* p, const kr_vec<T, N>& v) {
   *reinterpret_cast<kr_vec<T, N>*>(p) = v;
 }
+// Register row caches of float16 / bfloat16 rows keep the stored bits two values to a 32-bit
+// word (value i in the low half of word i / 2 when i is even, else the high half).
+template <int N> KR_DEVICE void kr_put_words(unsigned* w, const kr_vec<uint16_t, N>& v) {
+  const kr_vec<unsigned, N / 2> u = *reinterpret_cast<const kr_vec<unsigned, N / 2>*>(&v);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) w[i] = u.v[i];
+}
+KR_DEVICE uint16_t kr_word_half(unsigned w, int hi) {
+  return hi ? static_cast<uint16_t>(w >> 16) : static_cast<uint16_t>(w & 0xffffu);
+}
 // N float lanes rounded to bfloat16 two at a time, packed for one N * 2-byte store.
 template <int N> KR_DEVICE kr_vec<unsigned, N / 2> kr_pack_bf16(const float (&f)[N]) {
   kr_vec<unsigned, N / 2> r;
