@@ -464,9 +464,6 @@ struct BlockPlan {
   int min_blocks = 0;      // block schedule: blocks per SM asked of __launch_bounds__ (0: none)
   bool async_reduce = false; // cluster all-reduces through st.async + mbarriers (no barriers)
   bool reuse_values = true;  // keep expensive values computed again by later loops in registers
-  // Register-cached row loads skip L1 (ld.global.nc.L1::no_allocate): each row is read from
-  // global memory once, and L1 keeps the operands every row reads (weights) instead.
-  bool stream_rows = false;
   int row_threads() const { return threads * cluster; }
   // The thread's index among the row's threads.
   std::string row_tid() const { return cluster > 1 ? "kr_rt" : "kr_tid"; }
@@ -826,10 +823,8 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
       const kir::Buffer& buf = k.buffers.at(b.load.buffer);
       const std::string st = kir::ctype(buf.dtype);
       const std::string reg = "kr_ld" + std::to_string(n++);
-      const bool stream = plan.stream_rows && k.noalias && cache.first.count(&b) && !cache.smem;
-      o.line(d, "const kr_vec<" + st + ", " + lanes + "> " + reg + " = " +
-                    (stream ? "kr_load_vec_stream<" : "kr_load_vec<") + st + ", " + lanes +
-                    ">(" + buf.name + " + " + index_expr(b.load.index, base) + ");");
+      o.line(d, "const kr_vec<" + st + ", " + lanes + "> " + reg + " = kr_load_vec<" + st + ", " +
+                    lanes + ">(" + buf.name + " + " + index_expr(b.load.index, base) + ");");
       e.replace[&b] = std::string("const ") + kir::ctype(b.load.dtype) + " " + b.load.var +
                       " = " + load_conv(buf.dtype, b.load.dtype, reg + ".v[kr_l]") + ";";
       if (auto f = cache.first.find(&b); f != cache.first.end() && cache.raw.count(f->second)) {
@@ -1019,9 +1014,8 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       ix[f.nest->loops.back()->var] = "kr_vb";
       const std::string st = kir::ctype(buf.dtype);
       const std::string reg = "kr_pf" + std::to_string(i);
-      lines.push_back("  const kr_vec<" + st + ", " + std::to_string(vec) + "> " + reg + " = " +
-                      (plan.stream_rows ? "kr_load_vec_stream<" : "kr_load_vec<") + st + ", " +
-                      std::to_string(vec) + ">(" + buf.name +
+      lines.push_back("  const kr_vec<" + st + ", " + std::to_string(vec) + "> " + reg +
+                      " = kr_load_vec<" + st + ", " + std::to_string(vec) + ">(" + buf.name +
                       " + " + index_expr(f.load->load.index, ix) + ");");
       if (cache.raw.count(f.arr)) {
         lines.push_back("  " + cache.put_words(f.arr, "kr_k * " + std::to_string(vec), vec, reg));
@@ -1245,8 +1239,6 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       KR_CHECK(v >= 1 && v <= 16 && (v & (v - 1)) == 0, Value,
                "KERAUNOS_CUDA_TUNE: pointwise_vec must be 1, 2, 4, 8 or 16");
       info.pointwise_vec = v;
-    } else if (key == "cluster_stream") {
-      info.cluster_stream = v != 0;
     } else if (key == "cluster_threads") {
       KR_CHECK(v >= 32 && v <= 1024 && (v & (v - 1)) == 0, Value,
                "KERAUNOS_CUDA_TUNE: cluster_threads must be a power of two in 32..1024");
@@ -1271,7 +1263,7 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       info.reuse_values = v != 0;
     } else {
       KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
-                    "' (block_threads, block_min_blocks, pointwise_vec, cluster_stream, cluster_threads, max_cluster, cluster_reg_values, "
+                    "' (block_threads, block_min_blocks, pointwise_vec, cluster_threads, max_cluster, cluster_reg_values, "
                     "cluster_smem_bytes, cluster_persist, cluster_prefetch, cluster_async_reduce, reuse_values)");
     }
   }
@@ -1360,7 +1352,6 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
         plan.reg_values = dev.cluster_reg_values;
         plan.prefetch = dev.cluster_prefetch != 0;
         plan.async_reduce = dev.cluster_async_reduce != 0;
-        plan.stream_rows = dev.cluster_stream != 0;
         if (per_thread(plan.cluster) > dev.cluster_reg_values)
           plan.smem_cache_bytes = dev.cluster_smem_bytes >= 0
                                       ? std::min(dev.cluster_smem_bytes, dev.shared_mem_optin)

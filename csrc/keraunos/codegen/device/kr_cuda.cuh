@@ -396,26 +396,6 @@ template <class T, int N> KR_DEVICE kr_vec<T, N> kr_load_vec(const T* p) {
 template <class T, int N> KR_DEVICE void kr_store_vec(T* p, const kr_vec<T, N>& v) {
   *reinterpret_cast<kr_vec<T, N>*>(p) = v;
 }
-// A vector load that does not allocate in L1 (rows streamed once per kernel, so that L1 keeps
-// what every row reads: layer_norm's weight and bias). Read-only data of kernels whose outputs
-// alias no input.
-template <class T, int N> KR_DEVICE kr_vec<T, N> kr_load_vec_stream(const T* p) {
-  kr_vec<T, N> r;
-  unsigned* u = reinterpret_cast<unsigned*>(&r);
-  if constexpr (sizeof(r) == 16) {
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3])
-        : "l"(p));
-  } else if constexpr (sizeof(r) == 8) {
-    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(u[0]), "=r"(u[1]) : "l"(p));
-  } else if constexpr (sizeof(r) == 4) {
-    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(u[0]) : "l"(p));
-  } else {
-    r = kr_load_vec<T, N>(p);
-  }
-  return r;
-}
-
 // Register row caches of float16 / bfloat16 rows keep the stored bits two values to a 32-bit
 // word (value i in the low half of word i / 2 when i is even, else the high half).
 template <int N> KR_DEVICE void kr_put_words(unsigned* w, const kr_vec<uint16_t, N>& v) {
