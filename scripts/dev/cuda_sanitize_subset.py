@@ -34,6 +34,15 @@ cases = [
     ),
     (lambda x: torch.softmax(x, -1), (torch.randn(3, 300000, device=D),)),
     (lambda x: torch.softmax(x, -1), (torch.randn(20, 524288, device=D),)),
+    # bfloat16 rows kept in registers as packed words: block (8k) and cluster (256k) schedules.
+    (
+        lambda x, w: F.rms_norm(x, (8192,), w),
+        (torch.randn(70, 8192, device=D).bfloat16(), torch.randn(8192, device=D).bfloat16()),
+    ),
+    (
+        lambda x, w: F.rms_norm(x, (262144,), w),
+        (torch.randn(40, 262144, device=D).bfloat16(), torch.randn(262144, device=D).bfloat16()),
+    ),
 ]
 for fn, args in cases:
     for ft in ("consecutive", "dataflow"):
