@@ -167,3 +167,13 @@ def test_half_rows_cached_in_registers(dtype, cols):
         )
 
     check(f, x, w, b)
+
+
+def test_device_moves_raise_a_clear_error():
+    # type_as is to(other.options()): a CPU `other` moves the CUDA tensor, which jit does not
+    # support yet; it says so instead of returning a tensor on the wrong device.
+    def f(a):
+        return a.type_as(torch.zeros(1, dtype=torch.int16)) + 1
+
+    with pytest.raises(NotImplementedError, match="moving a tensor from cuda:0 to cpu"):
+        keraunos.jit(f)(r(4))

@@ -284,7 +284,7 @@ def test_casts():
             a.long(),
             a.bool(),
             a.double(),
-            a.type_as(torch.zeros(1, dtype=torch.int16)),
+            a.type_as(torch.zeros(1, dtype=torch.int16, device=a.device)),
             a.to(dtype=torch.float16),
             a.to(a.device.type),  # the same device (a move between devices is not supported)
             a.float(),

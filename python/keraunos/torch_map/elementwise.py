@@ -235,7 +235,13 @@ def _to(a, *args, **kwargs):
 
 
 register(T.to, "to", _to, out_ok=False)
-register(T.type_as, "to", lambda a, other: ((a,), {"dtype": other.dtype}), out_ok=False)
+# type_as is to(other.options()): other's dtype and device (a move between devices raises).
+register(
+    T.type_as,
+    "to",
+    lambda a, other: ((a,), {"device": other.device, "dtype": other.dtype}),
+    out_ok=False,
+)
 for _name, _dt in [
     ("float", torch.float32),
     ("double", torch.float64),
