@@ -34,6 +34,15 @@ cases = [
     ),
     (lambda x: torch.softmax(x, -1), (torch.randn(3, 300000, device=D),)),
     (lambda x: torch.softmax(x, -1), (torch.randn(20, 524288, device=D),)),
+    # A weight kept in shared memory by persistent clusters (more rows than clusters).
+    (
+        lambda x, w, b: F.layer_norm(x, (262144,), w, b),
+        (
+            torch.randn(40, 262144, device=D),
+            torch.randn(262144, device=D),
+            torch.randn(262144, device=D),
+        ),
+    ),
     # bfloat16 rows kept in registers as packed words: block (8k) and cluster (256k) schedules.
     (
         lambda x, w: F.rms_norm(x, (8192,), w),

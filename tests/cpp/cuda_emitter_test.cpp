@@ -621,6 +621,34 @@ TEST(CudaEmitter, LongRowsInRegistersPrefetchTheNextRow) {
   EXPECT_FALSE(has(sm, "kr_pf0")) << sm;
 }
 
+// Persistent clusters copy a row-invariant operand (layer_norm's weight) into shared memory once
+// and read it there on every row; the bias does not fit beside it at two blocks per SM.
+TEST(CudaEmitter, ClustersKeepRowInvariantOperandsInSharedMemory) {
+  const Kernel k = layer_norm(512, 262144);
+  const CudaKernelSource s = emit_cuda(k, kH200);
+  ASSERT_EQ(s.schedule, "cluster");
+  const std::string v = vec_kernel(s);
+  EXPECT_EQ(s.launch_vec.shared_mem, 8u * 512 * 16) << "8 trips of 16 bytes per thread";
+  EXPECT_TRUE(has(v, "float* const kr_h0 = reinterpret_cast<float*>(kr_dyn + 0);")) << v;
+  EXPECT_TRUE(has(v, "const kr_vec<float, 4> kr_hl = kr_load_vec<float, 4>(in1 + kr_vb);")) << v;
+  EXPECT_TRUE(has(v, "*reinterpret_cast<kr_vec<float, 4>*>(kr_h0 + (kr_k * 512 + kr_tid) * 4) = kr_hv;"))
+      << v;
+  EXPECT_TRUE(has(v, "= *reinterpret_cast<const kr_vec<float, 4>*>(kr_h0 + (kr_k * 512 + kr_tid) * 4);"))
+      << v;
+  EXPECT_EQ(count(v, "(in1 + "), 1u) << "the weight is read from global memory once: " << v;
+  EXPECT_TRUE(has(v, "kr_load_vec<float, 4>(in2 + kr_vb)")) << "the bias, each row: " << v;
+  EXPECT_LT(v.find("kr_hv;"), v.find("for (unsigned kr_p")) << "copied before the first row";
+  EXPECT_EQ(s.launch.shared_mem, 0u) << "the scalar entry reads the weight directly";
+  EXPECT_COMPILES(k);
+  codegen::CudaDeviceInfo d;
+  codegen::apply_cuda_tuning(d, "cluster_hoist=0");
+  const CudaKernelSource off = emit_cuda(k, d);
+  EXPECT_FALSE(has(vec_kernel(off), "kr_h0")) << vec_kernel(off);
+  EXPECT_EQ(off.launch_vec.shared_mem, 0u);
+  codegen::apply_cuda_tuning(d, "cluster_hoist=1,cluster_persist=0");
+  EXPECT_FALSE(has(vec_kernel(emit_cuda(k, d)), "kr_h0")) << "one row per cluster: no reuse";
+}
+
 TEST(CudaEmitter, TuningKnobs) {
   codegen::CudaDeviceInfo d;
   codegen::apply_cuda_tuning(d, "cluster_threads=1024,max_cluster=2,block_threads=256");

@@ -177,3 +177,12 @@ def test_device_moves_raise_a_clear_error():
 
     with pytest.raises(NotImplementedError, match="moving a tensor from cuda:0 to cpu"):
         keraunos.jit(f)(r(4))
+
+
+@pytest.mark.parametrize("rows", [3, 40])
+def test_long_rows_with_weights_in_shared_memory(rows):
+    # Rows of 256k floats: persistent clusters keep the weight in shared memory for every row
+    # they walk (40 rows: more rows than clusters).
+    cols = 262144
+    x, w, b = r(rows, cols), r(cols), r(cols)
+    check(lambda x, w, b: (F.layer_norm(x, (cols,), w, b), F.rms_norm(x, (cols,), w)), x, w, b)

@@ -464,6 +464,9 @@ struct BlockPlan {
   int min_blocks = 0;      // block schedule: blocks per SM asked of __launch_bounds__ (0: none)
   bool async_reduce = false; // cluster all-reduces through st.async + mbarriers (no barriers)
   bool reuse_values = true;  // keep expensive values computed again by later loops in registers
+  // Persistent clusters: shared memory a block may give to operands every row reads at the same
+  // place (layer_norm's weight), copied in once before the first row (0: none).
+  int64_t hoist_smem_bytes = 0;
   int row_threads() const { return threads * cluster; }
   // The thread's index among the row's threads.
   std::string row_tid() const { return cluster > 1 ? "kr_rt" : "kr_tid"; }
@@ -936,6 +939,53 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
   // values would double that, and the next row's prefetch takes those registers; on an H200
   // the reuse gained nothing there.)
   if (plan.reuse_values && cl == 1) plan_value_reuse(nests, plan, vecs, cache);
+  // Operands every row reads at the same place (layer_norm's weight and bias), in persistent
+  // clusters whose rows live in registers: a cluster's blocks always take the same columns, so
+  // each thread copies its part into shared memory once, before the first row, and every row
+  // reads it there (16-byte vector layout) instead of from L2. On rows of 256k floats the weight
+  // alone is 1 MB per row of L2 reads, as much as the row itself.
+  struct Hoist {
+    const Stmt* load;
+    const LoopNest* nest;
+    std::string arr;
+    int vec;
+    int64_t offset;
+  };
+  std::vector<Hoist> hoists;
+  if (cl > 1 && plan.hoist_smem_bytes > 0 && !vecs_in.empty() && e.k.noalias && !cache.smem) {
+    std::set<std::string> grid_vars;
+    for (const Loop* l : a.grid.loops) grid_vars.insert(l->var);
+    std::map<std::string, std::string> by_key;
+    int64_t used = 0;
+    for (size_t n = 0; n < nests.size(); ++n) {
+      const int vec = vecs[n];
+      const LoopNest& nest = nests[n];
+      if (vec <= 1 || nest.loops.size() != 1 || (nest.extent / vec) % rt != 0) continue;
+      for (const Stmt& b : *nest.body) {
+        if (b.kind != Stmt::Kind::Load || cache.first.count(&b) || cache.reuse.count(&b) ||
+            !vector_access(b.load.index, nest) || vec * itemsize(b.load.dtype) != 16)
+          continue;
+        bool invariant = true;
+        for (const auto& [var, coef] : b.load.index.terms) invariant &= !grid_vars.count(var);
+        if (!invariant) continue;
+        const std::string key = std::to_string(b.load.buffer) + "|" +
+                                index_expr(b.load.index, {{nest.loops.back()->var, "@"}}) + "|" +
+                                std::to_string(nest.extent) + "|" + std::to_string(vec);
+        auto it = by_key.find(key);
+        if (it == by_key.end()) {
+          const int64_t bytes = nest.extent / vec / rt * nt * 16;
+          if (used + bytes > plan.hoist_smem_bytes) continue;
+          hoists.push_back({&b, &nest, "kr_h" + std::to_string(hoists.size()), vec,
+                            cache.smem_bytes + used});
+          used += bytes;
+          it = by_key.emplace(key, hoists.back().arr).first;
+        }
+        cache.reuse[&b] = it->second;
+        cache.vec[it->second] = vec;
+      }
+    }
+    cache.smem_bytes += used;
+  }
   smem_bytes = cache.smem_bytes;
   // Row prefetch: shared-memory arrays of the vectorized variant whose fill copies the buffer's
   // bytes (storage dtype = compute dtype) in 4/8/16-byte groups, in nests without a tail, in a
@@ -1045,7 +1095,8 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
                 std::to_string(nt * ppb) + min_blocks + ") " + name + "(" + e.params() + ") {");
   const bool async_reduce = cl > 1 && plan.async_reduce;
   if (reduces && nt > 32 && !async_reduce) o.line(1, "__shared__ long long kr_smem[32];");
-  if (cache.smem) o.line(1, "extern __shared__ __align__(16) unsigned char kr_dyn[];");
+  if (cache.smem || !hoists.empty())
+    o.line(1, "extern __shared__ __align__(16) unsigned char kr_dyn[];");
   o.line(1, "const int kr_tid = threadIdx.x;");
   if (cl > 1) {
     // The cluster's blocks walk the same outer points; block `kr_rank` takes the row's threads
@@ -1074,6 +1125,30 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
   const bool decls_outside = cache.smem || !reg_fills.empty();
   if (decls_outside)
     for (const std::string& d : cache.decls) o.line(1, d);
+  for (const Hoist& h : hoists) {
+    // This thread's part of the operand, as the rows' trips read it.
+    const kir::Buffer& buf = e.k.buffers.at(h.load->load.buffer);
+    const std::string st = kir::ctype(buf.dtype), ct = kir::ctype(h.load->load.dtype);
+    const std::string lanes = std::to_string(h.vec);
+    o.line(1, ct + "* const " + h.arr + " = reinterpret_cast<" + ct + "*>(kr_dyn + " +
+                  std::to_string(h.offset) + ");");
+    o.line(1, "#pragma unroll");
+    o.line(1, "for (" + e.vt() + " kr_k = 0; kr_k < " +
+                  std::to_string(h.nest->extent / h.vec / rt) + "; ++kr_k) {");
+    o.line(2, "const " + e.ft() + " kr_g = " + plan.row_tid() + " + (" + e.ft() + ")kr_k * " +
+                  std::to_string(rt) + e.fsuf() + ";");
+    o.line(2, "const " + e.vt() + " kr_vb = (" + e.vt() + ")kr_g * " + lanes + ";");
+    o.line(2, "const kr_vec<" + st + ", " + lanes + "> kr_hl = kr_load_vec<" + st + ", " + lanes +
+                  ">(" + buf.name + " + " +
+                  index_expr(h.load->load.index, {{h.nest->loops.back()->var, "kr_vb"}}) + ");");
+    o.line(2, "kr_vec<" + ct + ", " + lanes + "> kr_hv;");
+    o.line(2, "#pragma unroll");
+    o.line(2, "for (int kr_l = 0; kr_l < " + lanes + "; ++kr_l) kr_hv.v[kr_l] = " +
+                  load_conv(buf.dtype, h.load->load.dtype, "kr_hl.v[kr_l]") + ";");
+    o.line(2, "*reinterpret_cast<kr_vec<" + ct + ", " + lanes + ">*>(" + cache.vec_ptr(h.arr) +
+                  ") = kr_hv;");
+    o.line(1, "}");
+  }
   if (!fills.empty()) emit_prefetch(e, plan, cache, fills, first_point, 1);
   if (!reg_fills.empty()) {
     // The first row's registers.
@@ -1239,6 +1314,8 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       KR_CHECK(v >= 1 && v <= 16 && (v & (v - 1)) == 0, Value,
                "KERAUNOS_CUDA_TUNE: pointwise_vec must be 1, 2, 4, 8 or 16");
       info.pointwise_vec = v;
+    } else if (key == "cluster_hoist") {
+      info.cluster_hoist = v != 0;
     } else if (key == "cluster_threads") {
       KR_CHECK(v >= 32 && v <= 1024 && (v & (v - 1)) == 0, Value,
                "KERAUNOS_CUDA_TUNE: cluster_threads must be a power of two in 32..1024");
@@ -1263,7 +1340,7 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       info.reuse_values = v != 0;
     } else {
       KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
-                    "' (block_threads, block_min_blocks, pointwise_vec, cluster_threads, max_cluster, cluster_reg_values, "
+                    "' (block_threads, block_min_blocks, pointwise_vec, cluster_hoist, cluster_threads, max_cluster, cluster_reg_values, "
                     "cluster_smem_bytes, cluster_persist, cluster_prefetch, cluster_async_reduce, reuse_values)");
     }
   }
@@ -1352,6 +1429,11 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
         plan.reg_values = dev.cluster_reg_values;
         plan.prefetch = dev.cluster_prefetch != 0;
         plan.async_reduce = dev.cluster_async_reduce != 0;
+        // Two blocks of 512 threads per SM: each may take half the SM's shared memory, less
+        // what the all-reduce and the runtime keep.
+        if (dev.cluster_hoist != 0 && dev.cluster_persist != 0)
+          plan.hoist_smem_bytes = std::max<int64_t>(
+              0, dev.shared_mem_optin / std::max(1, 1024 / plan.threads) - 8192);
         if (per_thread(plan.cluster) > dev.cluster_reg_values)
           plan.smem_cache_bytes = dev.cluster_smem_bytes >= 0
                                       ? std::min(dev.cluster_smem_bytes, dev.shared_mem_optin)
