@@ -179,10 +179,12 @@ def test_device_moves_raise_a_clear_error():
         keraunos.jit(f)(r(4))
 
 
+@pytest.mark.parametrize("hoist", [0, 1])
 @pytest.mark.parametrize("rows", [3, 40])
-def test_long_rows_with_weights_in_shared_memory(rows):
-    # Rows of 256k floats: persistent clusters keep the weight in shared memory for every row
-    # they walk (40 rows: more rows than clusters).
+def test_long_rows_with_weights_in_shared_memory(rows, hoist, monkeypatch):
+    # Rows of 256k floats: with cluster_hoist=1 persistent clusters keep the weight in shared
+    # memory for every row they walk (40 rows: more rows than clusters).
+    monkeypatch.setenv("KERAUNOS_CUDA_TUNE", f"cluster_hoist={hoist}")
     cols = 262144
     x, w, b = r(rows, cols), r(cols), r(cols)
     check(lambda x, w, b: (F.layer_norm(x, (cols,), w, b), F.rms_norm(x, (cols,), w)), x, w, b)

@@ -60,7 +60,7 @@ struct CudaDeviceInfo {
   int block_threads = 0;        // block schedule: threads per row (0: by row length)
   int block_min_blocks = 0;     // block schedule, vector entry: __launch_bounds__'s blocks per SM
   int pointwise_vec = 16;       // pointwise schedule: at most this many lanes per vector access
-  int cluster_hoist = 1;        // persistent clusters: row-invariant operands in shared memory
+  int cluster_hoist = 0;        // persistent clusters: row-invariant operands in shared memory
   // Cluster defaults from sweeps on an H200 (scripts/dev/tune_sweep.sh, % of copy for softmax /
   // layer_norm / rms_norm f32 on rows of 256k; benchmarks/RESULTS.md, session 4): 512 threads,
   // up to 16 blocks, 32 values in registers, two blocks per SM, mbarrier all-reduces gave
