@@ -283,23 +283,18 @@ struct Emitter {
   }
 };
 
-// One store of a vectorized trip: the lanes' values gathered in a kr_vec and written with one
-// access after the lanes ran (`after` receives that line); returns the lane's statement.
-// bfloat16 lanes are kept in float (bfloat16 stores round through float anyway) and rounded
-// two at a time (kr_pack_bf16: one cvt per pair, already packed).
-// A value the lowering already rounded to bfloat16 for this store (a let of the form
-// (float)(kr_bf2f(kr_f2bf((float)(X))))) is stored as X: rounding twice rounds once.
-std::string vector_store(Emitter& e, const kir::Buffer& b, const kir::Store& st,
-                         const std::string& reg, int lanes,
-                         const std::map<std::string, std::string>& base, int d,
-                         std::vector<std::string>& after, const Block& body);
-
 std::vector<std::pair<std::string, int64_t>> dims_of(const LoopNest& n) {
   std::vector<std::pair<std::string, int64_t>> dims;
   for (const Loop* l : n.loops) dims.emplace_back(l->var, l->extent);
   return dims;
 }
 
+// One store of a vectorized trip: the lanes' values gathered in a kr_vec and written with one
+// access after the lanes ran (`after` receives that line); returns the lane's statement.
+// bfloat16 lanes are kept in float (bfloat16 stores round through float anyway) and rounded
+// two at a time (kr_pack_bf16: one cvt per pair, already packed).
+// A value the lowering already rounded to bfloat16 for this store (a let of the form
+// (float)(kr_bf2f(kr_f2bf((float)(X))))) is stored as X: rounding twice rounds once.
 std::string vector_store(Emitter& e, const kir::Buffer& b, const kir::Store& st,
                          const std::string& reg, int lanes,
                          const std::map<std::string, std::string>& base, int d,
@@ -1150,14 +1145,18 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
     o.line(1, "}");
   }
   if (!fills.empty()) emit_prefetch(e, plan, cache, fills, first_point, 1);
+  // The next row's point variables (var_n) from its index kr_pn.
+  auto recover_next = [&](int d) {
+    auto grid = dims_of(a.grid);
+    for (auto& [var, extent] : grid) var += "_n";
+    e.recover(grid, "kr_pn", d);
+    for (const auto& [var, extent] : grid) o.line(d, "(void)" + var + ";");
+  };
   if (!reg_fills.empty()) {
     // The first row's registers.
     o.line(1, "{");
     o.line(2, "const " + e.ft() + " kr_pn = " + first_point + ";");
-    auto grid = dims_of(a.grid);
-    for (auto& [var, extent] : grid) var += "_n";
-    e.recover(grid, "kr_pn", 2);
-    for (const auto& [var, extent] : grid) o.line(2, "(void)" + var + ";");
+    recover_next(2);
     const int vec = vecs[static_cast<size_t>(reg_fills.front().nest - &nests[0])];
     o.line(2, "#pragma unroll");
     o.line(2, "for (" + e.vt() + " kr_k = 0; kr_k < " +
@@ -1195,10 +1194,7 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       if (!reg_fills.empty() && ni == last_nest) {
         o.line(2, "const " + e.ft() + " kr_pn = kr_p + " + point_step + ";");
         o.line(2, "const bool kr_pv = kr_pn < " + std::to_string(a.points) + e.fsuf() + ";");
-        auto grid = dims_of(a.grid);
-        for (auto& [var, extent] : grid) var += "_n";
-        e.recover(grid, "kr_pn", 2);
-        for (const auto& [var, extent] : grid) o.line(2, "(void)" + var + ";");
+        recover_next(2);
         tail = reg_prefetch("kr_pv");
       }
       // Fills the prefetch already made read their registers.

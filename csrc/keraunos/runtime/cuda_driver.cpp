@@ -65,11 +65,8 @@ DriverState open_driver() {
   resolve(lib, "cuLaunchKernel", d.cuLaunchKernel, missing);
   resolve(lib, "cuGetErrorString", d.cuGetErrorString, missing);
   resolve(lib, "cuFuncSetAttribute", d.cuFuncSetAttribute, missing);
-  {
-    std::string optional;
-    resolve(lib, "cuOccupancyMaxActiveClusters", d.cuOccupancyMaxActiveClusters, optional);
-    if (!optional.empty()) d.cuOccupancyMaxActiveClusters = nullptr;
-  }
+  std::string optional; // absent from drivers before CUDA 11.8: clusters are then not capped
+  resolve(lib, "cuOccupancyMaxActiveClusters", d.cuOccupancyMaxActiveClusters, optional);
   if (!missing.empty()) {
     s.reason = "libcuda.so.1 lacks " + missing + " (driver too old)";
     return s;
