@@ -1082,10 +1082,10 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
   // blocks of 512 threads share an SM; left alone, the compiler hoists the loads of a row's
   // broadcast operands (layer_norm's weight and bias) into registers and one block fills the SM.
   // (The scalar entry, for misaligned pointers, needs more registers for its addresses.)
-  const std::string min_blocks =
-      cl > 1 && nt < 1024 && !vecs_in.empty()                ? ", " + std::to_string(1024 / nt)
-      : cl == 1 && plan.min_blocks > 0 && !vecs_in.empty() ? ", " + std::to_string(plan.min_blocks)
-                                                             : "";
+  // (Blocks of the plain block schedule: plan.min_blocks, a tuning experiment.)
+  int blocks_per_sm = 0;
+  if (!vecs_in.empty()) blocks_per_sm = cl > 1 ? (nt < 1024 ? 1024 / nt : 0) : plan.min_blocks;
+  const std::string min_blocks = blocks_per_sm > 0 ? ", " + std::to_string(blocks_per_sm) : "";
   o.line(0, "extern \"C\" __global__ void " + cluster_attr + "__launch_bounds__(" +
                 std::to_string(nt * ppb) + min_blocks + ") " + name + "(" + e.params() + ") {");
   const bool async_reduce = cl > 1 && plan.async_reduce;
@@ -1117,6 +1117,16 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       cl > 1     ? "(" + e.ft() + ")gridDim.x / " + std::to_string(cl) + e.fsuf()
       : ppb == 1 ? "(" + e.ft() + ")gridDim.x"
                  : "(" + e.ft() + ")gridDim.x * " + std::to_string(ppb) + e.fsuf();
+  // Opens `for (kr_k ...) {` over this thread's `trips` groups of `vec` elements at depth d, with
+  // kr_g (the group) and kr_vb (its first element) as the row's vector nests define them.
+  auto open_trips = [&](int d, int64_t trips, int vec) {
+    o.line(d, "#pragma unroll");
+    o.line(d, "for (" + e.vt() + " kr_k = 0; kr_k < " + std::to_string(trips) + "; ++kr_k) {");
+    o.line(d + 1, "const " + e.ft() + " kr_g = " + plan.row_tid() + " + (" + e.ft() +
+                      ")kr_k * " + std::to_string(rt) + e.fsuf() + ";");
+    o.line(d + 1, "const " + e.vt() + " kr_vb = (" + e.vt() + ")kr_g * " + std::to_string(vec) +
+                      ";");
+  };
   const bool decls_outside = cache.smem || !reg_fills.empty();
   if (decls_outside)
     for (const std::string& d : cache.decls) o.line(1, d);
@@ -1127,12 +1137,7 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
     const std::string lanes = std::to_string(h.vec);
     o.line(1, ct + "* const " + h.arr + " = reinterpret_cast<" + ct + "*>(kr_dyn + " +
                   std::to_string(h.offset) + ");");
-    o.line(1, "#pragma unroll");
-    o.line(1, "for (" + e.vt() + " kr_k = 0; kr_k < " +
-                  std::to_string(h.nest->extent / h.vec / rt) + "; ++kr_k) {");
-    o.line(2, "const " + e.ft() + " kr_g = " + plan.row_tid() + " + (" + e.ft() + ")kr_k * " +
-                  std::to_string(rt) + e.fsuf() + ";");
-    o.line(2, "const " + e.vt() + " kr_vb = (" + e.vt() + ")kr_g * " + lanes + ";");
+    open_trips(1, h.nest->extent / h.vec / rt, h.vec);
     o.line(2, "const kr_vec<" + st + ", " + lanes + "> kr_hl = kr_load_vec<" + st + ", " + lanes +
                   ">(" + buf.name + " + " +
                   index_expr(h.load->load.index, {{h.nest->loops.back()->var, "kr_vb"}}) + ");");
@@ -1158,12 +1163,7 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
     o.line(2, "const " + e.ft() + " kr_pn = " + first_point + ";");
     recover_next(2);
     const int vec = vecs[static_cast<size_t>(reg_fills.front().nest - &nests[0])];
-    o.line(2, "#pragma unroll");
-    o.line(2, "for (" + e.vt() + " kr_k = 0; kr_k < " +
-                  std::to_string(reg_fills.front().nest->extent / vec / rt) + "; ++kr_k) {");
-    o.line(3, "const " + e.ft() + " kr_g = " + plan.row_tid() + " + (" + e.ft() + ")kr_k * " +
-                  std::to_string(rt) + e.fsuf() + ";");
-    o.line(3, "const " + e.vt() + " kr_vb = (" + e.vt() + ")kr_g * " + std::to_string(vec) + ";");
+    open_trips(2, reg_fills.front().nest->extent / vec / rt, vec);
     for (const std::string& l : reg_prefetch("kr_pn < " + std::to_string(a.points) + e.fsuf()))
       o.line(3, l);
     o.line(2, "}");
@@ -1299,26 +1299,25 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
     } catch (const std::logic_error&) {
       KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: '", item, "' is not a number");
     }
+    auto pow2_in = [&](int lo, int hi) { return v >= lo && v <= hi && (v & (v - 1)) == 0; };
     if (key == "block_threads") {
-      KR_CHECK(v == 0 || (v >= 32 && v <= 1024 && (v & (v - 1)) == 0), Value,
+      KR_CHECK(v == 0 || pow2_in(32, 1024), Value,
                "KERAUNOS_CUDA_TUNE: block_threads must be 0 or a power of two in 32..1024");
       info.block_threads = v;
     } else if (key == "block_min_blocks") {
       KR_CHECK(v >= 0 && v <= 32, Value, "KERAUNOS_CUDA_TUNE: block_min_blocks is 0..32");
       info.block_min_blocks = v;
     } else if (key == "pointwise_vec") {
-      KR_CHECK(v >= 1 && v <= 16 && (v & (v - 1)) == 0, Value,
-               "KERAUNOS_CUDA_TUNE: pointwise_vec must be 1, 2, 4, 8 or 16");
+      KR_CHECK(pow2_in(1, 16), Value, "KERAUNOS_CUDA_TUNE: pointwise_vec must be 1, 2, 4, 8 or 16");
       info.pointwise_vec = v;
     } else if (key == "cluster_hoist") {
       info.cluster_hoist = v != 0;
     } else if (key == "cluster_threads") {
-      KR_CHECK(v >= 32 && v <= 1024 && (v & (v - 1)) == 0, Value,
+      KR_CHECK(pow2_in(32, 1024), Value,
                "KERAUNOS_CUDA_TUNE: cluster_threads must be a power of two in 32..1024");
       info.cluster_threads = v;
     } else if (key == "max_cluster") {
-      KR_CHECK(v >= 1 && v <= 16 && (v & (v - 1)) == 0, Value,
-               "KERAUNOS_CUDA_TUNE: max_cluster must be 1, 2, 4, 8 or 16");
+      KR_CHECK(pow2_in(1, 16), Value, "KERAUNOS_CUDA_TUNE: max_cluster must be 1, 2, 4, 8 or 16");
       info.max_cluster = v;
     } else if (key == "cluster_reg_values") {
       KR_CHECK(v >= 0 && v <= 64, Value, "KERAUNOS_CUDA_TUNE: cluster_reg_values is 0..64");
