@@ -621,16 +621,17 @@ TEST(CudaEmitter, LongRowsInRegistersPrefetchTheNextRow) {
   EXPECT_FALSE(has(sm, "kr_pf0")) << sm;
 }
 
-// Persistent clusters copy a row-invariant operand (layer_norm's weight) into shared memory once
-// and read it there on every row; the bias does not fit beside it at two blocks per SM.
+// Persistent clusters copy row-invariant operands (layer_norm's weight, then its bias) into
+// shared memory once and read them there on every row, as many trips of 16 bytes per thread as
+// the budget takes (cluster_hoist_kb; 80 KB by default: the weight and a quarter of the bias); an
+// operand that fits only in part reads its later trips from memory.
 TEST(CudaEmitter, ClustersKeepRowInvariantOperandsInSharedMemory) {
   const Kernel k = layer_norm(512, 262144);
-  codegen::CudaDeviceInfo on;
-  codegen::apply_cuda_tuning(on, "cluster_hoist=1"); // off by default until measured on a GPU
-  const CudaKernelSource s = emit_cuda(k, on);
+  const CudaKernelSource s = emit_cuda(k, kH200);
   ASSERT_EQ(s.schedule, "cluster");
   const std::string v = vec_kernel(s);
-  EXPECT_EQ(s.launch_vec.shared_mem, 8u * 512 * 16) << "8 trips of 16 bytes per thread";
+  // 80 KB: the weight (8 trips of 16 bytes per thread) and 2 trips of the bias.
+  EXPECT_EQ(s.launch_vec.shared_mem, (8u + 2u) * 512 * 16);
   EXPECT_TRUE(has(v, "float* const kr_h0 = reinterpret_cast<float*>(kr_dyn + 0);")) << v;
   EXPECT_TRUE(has(v, "const kr_vec<float, 4> kr_hl = kr_load_vec<float, 4>(in1 + kr_vb);")) << v;
   EXPECT_TRUE(has(v, "*reinterpret_cast<kr_vec<float, 4>*>(kr_h0 + (kr_k * 512 + kr_tid) * 4) = kr_hv;"))
@@ -638,17 +639,83 @@ TEST(CudaEmitter, ClustersKeepRowInvariantOperandsInSharedMemory) {
   EXPECT_TRUE(has(v, "= *reinterpret_cast<const kr_vec<float, 4>*>(kr_h0 + (kr_k * 512 + kr_tid) * 4);"))
       << v;
   EXPECT_EQ(count(v, "(in1 + "), 1u) << "the weight is read from global memory once: " << v;
-  EXPECT_TRUE(has(v, "kr_load_vec<float, 4>(in2 + kr_vb)")) << "the bias, each row: " << v;
+  EXPECT_TRUE(has(v, "if (kr_k < 2) kr_cv1 = *reinterpret_cast<const kr_vec<float, 4>*>(kr_h1 + (kr_k * 512 + kr_tid) * 4);"))
+      << v;
+  EXPECT_EQ(count(v, "kr_load_vec<float, 4>(in2 + kr_vb)"), 2u)
+      << "the bias: its held trips once, the others each row: " << v;
   EXPECT_LT(v.find("kr_hv;"), v.find("for (unsigned kr_p")) << "copied before the first row";
-  EXPECT_EQ(s.launch.shared_mem, 0u) << "the scalar entry reads the weight directly";
+  EXPECT_EQ(s.launch.shared_mem, 0u) << "the scalar entry reads the operands directly";
   EXPECT_COMPILES(k);
+
   codegen::CudaDeviceInfo d;
-  codegen::apply_cuda_tuning(d, "cluster_hoist=0");
+  codegen::apply_cuda_tuning(d, "cluster_hoist_kb=64");
+  const std::string w = vec_kernel(emit_cuda(k, d));
+  EXPECT_FALSE(has(w, "kr_h1")) << "the weight alone: " << w;
+  EXPECT_EQ(count(w, "kr_load_vec<float, 4>(in2 + kr_vb)"), 1u) << "the bias, each row: " << w;
+  codegen::apply_cuda_tuning(d, "cluster_hoist_kb=104");
+  const CudaKernelSource more = emit_cuda(k, d);
+  const std::string m = vec_kernel(more);
+  EXPECT_EQ(more.launch_vec.shared_mem, (8u + 5u) * 512 * 16) << "the weight and 5 trips of the bias";
+  EXPECT_TRUE(has(m, "float* const kr_h1 = reinterpret_cast<float*>(kr_dyn + 65536);")) << m;
+  EXPECT_TRUE(has(m, "for (int kr_k = 0; kr_k < 5; ++kr_k) {")) << "the bias's copy: " << m;
+  EXPECT_TRUE(has(m, "if (kr_k < 5) kr_cv1 = *reinterpret_cast<const kr_vec<float, 4>*>(kr_h1 + (kr_k * 512 + kr_tid) * 4);"))
+      << m;
+  EXPECT_EQ(count(m, "kr_load_vec<float, 4>(in2 + kr_vb)"), 2u)
+      << "the bias: its held trips once, the others each row: " << m;
+  codegen::apply_cuda_tuning(d, "cluster_hoist_kb=227");
+  EXPECT_EQ(emit_cuda(k, d).launch_vec.shared_mem, (8u + 5u) * 512 * 16)
+      << "at most half the SM's shared memory less 8 KB per block";
+
+  codegen::apply_cuda_tuning(d, "cluster_hoist_kb=0");
   const CudaKernelSource off = emit_cuda(k, d);
   EXPECT_FALSE(has(vec_kernel(off), "kr_h0")) << vec_kernel(off);
   EXPECT_EQ(off.launch_vec.shared_mem, 0u);
-  codegen::apply_cuda_tuning(d, "cluster_hoist=1,cluster_persist=0");
+  codegen::apply_cuda_tuning(d, "cluster_hoist_kb=64,cluster_persist=0");
   EXPECT_FALSE(has(vec_kernel(emit_cuda(k, d)), "kr_h0")) << "one row per cluster: no reuse";
+}
+
+// A variance's two sums in one cluster round: each thread sums its values, then their squared
+// deviations from its own mean, and the (sum, deviations) pairs merge across the cluster; the
+// row's mean (the lets between the loops) follows the round. Rows whose threads hold unequal
+// counts, and the barrier all-reduce, keep two rounds.
+TEST(CudaEmitter, ClustersSumAVarianceInOneRound) {
+  const Kernel k = layer_norm(512, 262144);
+  const CudaKernelSource s = emit_cuda(k, kH200);
+  ASSERT_EQ(s.schedule, "cluster");
+  const std::string v = vec_kernel(s);
+  EXPECT_EQ(count(s.source, "kr_cluster_allreduce_async<"), 0u) << v;
+  const std::string round =
+      "const kr_moments<float> kr_mo = kr_cluster_moments_async<512, 16, float>({a0, a1}, 32.0f, "
+      "kr_cr, kr_cbar, kr_round);";
+  EXPECT_EQ(count(s.source, round), 2u) << "both entries: " << v;
+  const size_t local = v.find("const float v1 = a0 / 32.0f;");
+  const size_t dev = v.find("const float v3 = (v2 - v1);");
+  const size_t merged = v.find(round);
+  const size_t mean = v.find("const float v1 = (a0 / 262144.0f);");
+  ASSERT_NE(local, std::string::npos) << v;
+  ASSERT_NE(mean, std::string::npos) << v;
+  EXPECT_LT(local, dev) << v;
+  EXPECT_LT(dev, merged) << v;
+  EXPECT_LT(merged, mean) << "the row's mean after the round: " << v;
+  EXPECT_TRUE(has(v, "a0 = kr_mo.s;")) << v;
+  EXPECT_TRUE(has(v, "a1 = kr_mo.q;")) << v;
+  EXPECT_COMPILES(k);
+
+  codegen::CudaDeviceInfo d;
+  codegen::apply_cuda_tuning(d, "cluster_async_reduce=0");
+  const CudaKernelSource barrier = emit_cuda(k, d);
+  EXPECT_EQ(count(barrier.source, "kr_cluster_moments_async<512"), 0u);
+  EXPECT_EQ(count(vec_kernel(barrier), "kr_cluster_allreduce<KR_SUM, 16, float>"), 2u);
+  // 262144 + 4 columns: 65537 groups of 4 over 8192 threads.
+  const CudaKernelSource uneven = emit_cuda(layer_norm(512, 262148), kH200);
+  ASSERT_EQ(uneven.schedule, "cluster");
+  EXPECT_EQ(count(uneven.source, "kr_cluster_moments_async<512"), 0u);
+  EXPECT_EQ(count(vec_kernel(uneven), "kr_cluster_allreduce_async<KR_SUM, 512, 16, float>"), 2u)
+      << vec_kernel(uneven);
+  // Without the lowering's mark the loops are two plain sums.
+  Kernel plain = layer_norm(512, 262144);
+  plain.body[0].loop->body[4].loop->deviations.reset();
+  EXPECT_EQ(count(emit_cuda(plain, kH200).source, "kr_cluster_moments_async<512"), 0u);
 }
 
 TEST(CudaEmitter, TuningKnobs) {

@@ -179,12 +179,29 @@ def test_device_moves_raise_a_clear_error():
         keraunos.jit(f)(r(4))
 
 
-@pytest.mark.parametrize("hoist", [0, 1])
+@pytest.mark.parametrize("reduce", ["", "cluster_async_reduce=0"])
+@pytest.mark.parametrize("cols", [262144, 262148])
+def test_long_row_variance(cols, reduce, monkeypatch):
+    # Rows of 256k in clusters: a variance's sum and squared deviations merge across the cluster
+    # in one round (per-thread pairs, Chan's merge), on rows off zero where a sum of squares
+    # would cancel; 262148 columns (threads hold unequal counts) and the barrier all-reduce
+    # take two rounds.
+    monkeypatch.setenv("KERAUNOS_CUDA_TUNE", reduce)
+    x = r(5, cols) * 0.5 + 8
+    w, b = r(cols), r(cols)
+    check(
+        lambda x, w, b: (x.var(1), x.std(1, keepdim=True), F.layer_norm(x, (cols,), w, b)),
+        x, w, b, atol=1e-4, rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("hoist", [0, 64, 104])
 @pytest.mark.parametrize("rows", [3, 40])
 def test_long_rows_with_weights_in_shared_memory(rows, hoist, monkeypatch):
-    # Rows of 256k floats: with cluster_hoist=1 persistent clusters keep the weight in shared
-    # memory for every row they walk (40 rows: more rows than clusters).
-    monkeypatch.setenv("KERAUNOS_CUDA_TUNE", f"cluster_hoist={hoist}")
+    # Rows of 256k floats: persistent clusters keep the weight (64 KB per block) and the bias
+    # (104: a part of it) in shared memory for every row they walk (40 rows: more rows than
+    # clusters).
+    monkeypatch.setenv("KERAUNOS_CUDA_TUNE", f"cluster_hoist_kb={hoist}")
     cols = 262144
     x, w, b = r(rows, cols), r(cols), r(cols)
     check(lambda x, w, b: (F.layer_norm(x, (cols,), w, b), F.rms_norm(x, (cols,), w)), x, w, b)

@@ -313,6 +313,35 @@ def test_softmax_edge_cases():
     check(lambda a: a.softmax(1), torch.randn(6, 5).t())
 
 
+def test_variance_kernel_ir():
+    """A variance lowers to two passes (the mean, then the squared deviations from it), and the
+    second pass names the first pass's sum and the mean: a backend may combine both sums across
+    threads in one round (the CUDA cluster schedule does)."""
+    import keraunos
+
+    x = torch.randn(4, 6)
+    jf = keraunos.jit(lambda a: a.var(1))
+    torch.testing.assert_close(jf(x), x.var(1))
+    assert keraunos.last_traces(jf)[-1].kernels[0].ir == (
+        "kernel k0_0(in0: f32[4, 6], out0: f32[4]):\n"
+        "  parallel i0 < 4:\n"
+        "    acc a1 sum\n"
+        "    reduce r2 < 6:\n"
+        "      v3 = load in0[6 * i0 + r2]\n"
+        "      let v4 = (double)(v3)\n"
+        "      update a1 sum v4\n"
+        "    let v5 = a1 / (0x1.8p+2)\n"
+        "    acc a6 sum\n"
+        "    reduce r7 < 6:  // deviations of a1's values from v5\n"
+        "      v8 = load in0[6 * i0 + r7]\n"
+        "      let v9 = ((double)(v8) - v5)\n"
+        "      let v10 = v9 * v9\n"
+        "      update a6 sum v10\n"
+        "    let v11 = (float)(a6 / (0x1.4p+2))\n"
+        "    store out0[i0] = v11\n"
+    )
+
+
 def test_cpu_softmax_computes_exp_once():
     """On the CPU the sum pass stores exp(x - max) into the output and the last pass rescales
     it in place (reuse_reduced_values); outputs of a lower-precision dtype, or a value that the

@@ -490,6 +490,9 @@ struct RegisterCache {
   int threads = 0;            // per block
   int64_t smem_bytes = 0;     // dynamic shared memory the arrays take
   std::map<std::string, int> vec; // shared-memory arrays in the vector layout: their width
+  // Vector-layout arrays that hold only their first trips (a row-invariant operand that did not
+  // fit whole): later trips read the buffer itself.
+  std::map<std::string, int64_t> held_trips;
   std::set<std::string> async;    // arrays filled by cp.async (row prefetch)
   // Register caches of computed values (plan_value_reuse): let stmt -> array it fills / reads.
   std::map<const Stmt*, std::string> let_first, let_reuse;
@@ -786,6 +789,21 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
         e.after[&b] = reg + ".v[kr_l] = " + b.load.var + ";";
         cache_after.push_back("*reinterpret_cast<" + vt + "*>(" + cache.vec_ptr(arr) + ") = " +
                               reg + ";");
+      } else if (auto h = cache.held_trips.find(arr); h != cache.held_trips.end()) {
+        // Trips past the held ones read the buffer (the trip loop is unrolled: no branch).
+        const kir::Buffer& buf = k.buffers.at(b.load.buffer);
+        const std::string st = kir::ctype(buf.dtype), w = std::to_string(cache.vec.at(arr));
+        cache_before.push_back(vt + " " + reg + ";");
+        cache_before.push_back("if (kr_k < " + std::to_string(h->second) + ") " + reg +
+                               " = *reinterpret_cast<const " + vt + "*>(" + cache.vec_ptr(arr) +
+                               ");");
+        cache_before.push_back("else { const kr_vec<" + st + ", " + w + "> kr_hg = kr_load_vec<" +
+                               st + ", " + w + ">(" + buf.name + " + " +
+                               index_expr(b.load.index, {{nest.loops.back()->var, "kr_vb"}}) +
+                               "); for (int kr_l = 0; kr_l < " + w + "; ++kr_l) " + reg +
+                               ".v[kr_l] = " + load_conv(buf.dtype, b.load.dtype, "kr_hg.v[kr_l]") +
+                               "; }");
+        e.replace[&b] = "const " + t + " " + b.load.var + " = " + reg + ".v[kr_l];";
       } else {
         cache_before.push_back("const " + vt + " " + reg + " = *reinterpret_cast<const " + vt +
                                "*>(" + cache.vec_ptr(arr) + ");");
@@ -904,6 +922,83 @@ void emit_prefetch(Emitter& e, const BlockPlan& plan, const RegisterCache& cache
   o.line(d, "}");
 }
 
+// A variance's two passes (Loop::deviations) whose sums the cluster all-reduces in one round:
+// each thread sums its values, then their squared deviations from its own mean, and the
+// (sum, deviations) pairs merge across the cluster (kr_cluster_moments_async); the lets between
+// the loops (the row's mean, ...) run after that round. Float accumulators, loops of one shape in
+// which every thread holds as many values (the merge weighs partitions by their counts), and a
+// deviation loop that reads no let between them but the mean.
+struct MomentsPair {
+  const Stmt* sum_loop;
+  const Stmt* dev_loop;
+  std::string sum, dev, mean; // accumulators and the mean's let
+  DType dtype;
+  std::string count;                // values per thread, a literal of dtype
+  std::vector<const Stmt*> between; // the lets between the loops
+};
+
+std::vector<MomentsPair> moments_pairs(const Emitter& e, const std::vector<LoopNest>& nests,
+                                       const std::map<const Stmt*, size_t>& nest_of_stmt,
+                                       const std::vector<int>& vecs, int rt) {
+  std::vector<MomentsPair> pairs;
+  const Block& point = *e.a.point;
+  auto updates = [](const Block& b) {
+    std::set<std::string> accs;
+    visit(b, [&](const Stmt& s) {
+      if (s.kind == Stmt::Kind::AccUpdate && s.update.op == kir::ReduceOp::Sum)
+        accs.insert(s.update.var);
+      if (s.kind == Stmt::Kind::AccUpdate && s.update.op != kir::ReduceOp::Sum) accs.insert("");
+    });
+    return accs;
+  };
+  for (size_t i = 0; i < point.size(); ++i) {
+    const Stmt& s = point[i];
+    if (s.kind != Stmt::Kind::Loop || !s.loop->deviations) continue;
+    const kir::Loop::Deviations& dv = *s.loop->deviations;
+    size_t j = i;
+    std::vector<const Stmt*> lets;
+    std::set<std::string> let_vars;
+    while (j > 0 && (point[j - 1].kind == Stmt::Kind::Let ||
+                     point[j - 1].kind == Stmt::Kind::AccInit)) {
+      --j;
+      if (point[j].kind == Stmt::Kind::Let) {
+        lets.insert(lets.begin(), &point[j]);
+        let_vars.insert(point[j].let.var);
+      }
+    }
+    if (j == 0 || point[j - 1].kind != Stmt::Kind::Loop) continue;
+    const Stmt& first = point[j - 1];
+    const std::set<std::string> sums = updates(first.loop->body), devs = updates(s.loop->body);
+    if (sums != std::set<std::string>{dv.sum} || devs.size() != 1 || devs.count("") ||
+        !let_vars.count(dv.mean))
+      continue;
+    const std::string dev = *devs.begin();
+    const DType dt = e.acc_dtype(dv.sum);
+    if (dt != DType::Float32 || e.acc_dtype(dev) != dt) continue;
+    const size_t n1 = nest_of_stmt.at(&first), n2 = nest_of_stmt.at(&s);
+    const LoopNest &a = nests[n1], &b = nests[n2];
+    if (a.extent != b.extent || a.loops.size() != b.loops.size() || vecs[n1] != vecs[n2]) continue;
+    const int64_t units = vecs[n1] > 1 ? a.extent / vecs[n1] : a.extent;
+    if (units % rt != 0) continue;
+    // The deviation loop reads no let between the loops but the mean.
+    bool reads_between = false;
+    auto check = [&](const std::string& expr) {
+      kir::map_identifiers(expr, [&](const std::string& id) {
+        reads_between |= id != dv.mean && let_vars.count(id) > 0;
+        return id;
+      });
+    };
+    visit(s.loop->body, [&](const Stmt& b) {
+      if (b.kind == Stmt::Kind::Let) check(b.let.expr);
+      if (b.kind == Stmt::Kind::Load) check(b.load.index.opaque);
+    });
+    if (reads_between) continue;
+    pairs.push_back({&first, &s, dv.sum, dev, dv.mean, dt,
+                     std::to_string(a.extent / rt) + ".0f", lets});
+  }
+  return pairs;
+}
+
 // `vecs` empty: the scalar variant; otherwise the width per nest (block_vector_plan).
 // `smem_bytes`: the dynamic shared memory the kernel needs at launch.
 void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& plan,
@@ -945,6 +1040,7 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
     std::string arr;
     int vec;
     int64_t offset;
+    int64_t trips; // the first trips, all of them when the operand fits
   };
   std::vector<Hoist> hoists;
   if (cl > 1 && plan.hoist_smem_bytes > 0 && !vecs_in.empty() && e.k.noalias && !cache.smem) {
@@ -968,12 +1064,15 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
                                 std::to_string(nest.extent) + "|" + std::to_string(vec);
         auto it = by_key.find(key);
         if (it == by_key.end()) {
-          const int64_t bytes = nest.extent / vec / rt * nt * 16;
-          if (used + bytes > plan.hoist_smem_bytes) continue;
-          hoists.push_back({&b, &nest, "kr_h" + std::to_string(hoists.size()), vec,
-                            cache.smem_bytes + used});
-          used += bytes;
-          it = by_key.emplace(key, hoists.back().arr).first;
+          // The trips that fit (the last operand may fit only in part).
+          const int64_t all = nest.extent / vec / rt, trip_bytes = int64_t{nt} * 16;
+          const int64_t trips = std::min(all, (plan.hoist_smem_bytes - used) / trip_bytes);
+          if (trips <= 0) continue;
+          const std::string arr = "kr_h" + std::to_string(hoists.size());
+          hoists.push_back({&b, &nest, arr, vec, cache.smem_bytes + used, trips});
+          used += trips * trip_bytes;
+          if (trips < all) cache.held_trips[arr] = trips;
+          it = by_key.emplace(key, arr).first;
         }
         cache.reuse[&b] = it->second;
         cache.vec[it->second] = vec;
@@ -1137,7 +1236,7 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
     const std::string lanes = std::to_string(h.vec);
     o.line(1, ct + "* const " + h.arr + " = reinterpret_cast<" + ct + "*>(kr_dyn + " +
                   std::to_string(h.offset) + ");");
-    open_trips(1, h.nest->extent / h.vec / rt, h.vec);
+    open_trips(1, h.trips, h.vec);
     o.line(2, "const kr_vec<" + st + ", " + lanes + "> kr_hl = kr_load_vec<" + st + ", " + lanes +
                   ">(" + buf.name + " + " +
                   index_expr(h.load->load.index, {{h.nest->loops.back()->var, "kr_vb"}}) + ");");
@@ -1175,6 +1274,10 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
   if (!decls_outside)
     for (const std::string& d : cache.decls) o.line(2, d);
 
+  const std::vector<MomentsPair> pairs =
+      async_reduce ? moments_pairs(e, nests, nest_of_stmt, vecs, rt) : std::vector<MomentsPair>{};
+  std::set<const Stmt*> deferred; // lets that wait for a pair's all-reduce
+  for (const MomentsPair& p : pairs) deferred.insert(p.between.begin(), p.between.end());
   for (const Stmt& s : *a.point) {
     if (s.kind == Stmt::Kind::Store) {
       o.line(2, std::string(cl > 1 ? "if (kr_tid == 0 && kr_rank == 0) " : "if (kr_tid == 0) ") +
@@ -1182,8 +1285,20 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       continue;
     }
     if (s.kind != Stmt::Kind::Loop) {
-      e.stmt(s, 2);
+      if (!deferred.count(&s)) e.stmt(s, 2);
       continue;
+    }
+    const MomentsPair* sum_of = nullptr;
+    const MomentsPair* dev_of = nullptr;
+    for (const MomentsPair& p : pairs) {
+      if (p.sum_loop == &s) sum_of = &p;
+      if (p.dev_loop == &s) dev_of = &p;
+    }
+    if (dev_of) {
+      // This thread's squared deviations from its own values' mean.
+      o.line(2, "{");
+      o.line(2, "const " + std::string(kir::ctype(dev_of->dtype)) + " " + dev_of->mean + " = " +
+                    dev_of->sum + " / " + dev_of->count + ";");
     }
     const size_t ni = nest_of_stmt.at(&s);
     const LoopNest& nest = nests[ni];
@@ -1238,7 +1353,22 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       e.replace.clear();
       e.after.clear();
     }
-    if (nest.kind != LoopKind::Reduce) continue;
+    if (nest.kind != LoopKind::Reduce || sum_of) continue;
+    if (dev_of) {
+      // Both sums in one round; then the lets that read the row's sum.
+      o.line(2, "}");
+      const std::string t = kir::ctype(dev_of->dtype);
+      o.line(2, "{");
+      o.line(3, "const kr_moments<" + t + "> kr_mo = kr_cluster_moments_async<" +
+                    std::to_string(nt) + ", " + std::to_string(cl) + ", " + t + ">({" +
+                    dev_of->sum + ", " + dev_of->dev + "}, " + dev_of->count +
+                    ", kr_cr, kr_cbar, kr_round);");
+      o.line(3, dev_of->sum + " = kr_mo.s;");
+      o.line(3, dev_of->dev + " = kr_mo.q;");
+      o.line(2, "}");
+      for (const Stmt* l : dev_of->between) e.stmt(*l, 2);
+      continue;
+    }
     // Combine the threads' partial accumulators; every thread gets the result.
     std::vector<std::string> updated;
     visit(*nest.body, [&](const Stmt& b) {
@@ -1310,8 +1440,9 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
     } else if (key == "pointwise_vec") {
       KR_CHECK(pow2_in(1, 16), Value, "KERAUNOS_CUDA_TUNE: pointwise_vec must be 1, 2, 4, 8 or 16");
       info.pointwise_vec = v;
-    } else if (key == "cluster_hoist") {
-      info.cluster_hoist = v != 0;
+    } else if (key == "cluster_hoist_kb") {
+      KR_CHECK(v >= 0 && v <= 227, Value, "KERAUNOS_CUDA_TUNE: cluster_hoist_kb is 0..227");
+      info.cluster_hoist_kb = v;
     } else if (key == "cluster_threads") {
       KR_CHECK(pow2_in(32, 1024), Value,
                "KERAUNOS_CUDA_TUNE: cluster_threads must be a power of two in 32..1024");
@@ -1335,7 +1466,7 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       info.reuse_values = v != 0;
     } else {
       KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
-                    "' (block_threads, block_min_blocks, pointwise_vec, cluster_hoist, cluster_threads, max_cluster, cluster_reg_values, "
+                    "' (block_threads, block_min_blocks, pointwise_vec, cluster_hoist_kb, cluster_threads, max_cluster, cluster_reg_values, "
                     "cluster_smem_bytes, cluster_persist, cluster_prefetch, cluster_async_reduce, reuse_values)");
     }
   }
@@ -1425,10 +1556,12 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
         plan.prefetch = dev.cluster_prefetch != 0;
         plan.async_reduce = dev.cluster_async_reduce != 0;
         // Two blocks of 512 threads per SM: each may take half the SM's shared memory, less
-        // what the all-reduce and the runtime keep.
-        if (dev.cluster_hoist != 0 && dev.cluster_persist != 0)
-          plan.hoist_smem_bytes = std::max<int64_t>(
-              0, dev.shared_mem_optin / std::max(1, 1024 / plan.threads) - 8192);
+        // what the all-reduce and the runtime keep, and less is better (cluster_hoist_kb): the
+        // SM's L1 is what its shared memory leaves, and the rows' loads in flight need it.
+        if (dev.cluster_persist != 0)
+          plan.hoist_smem_bytes = std::clamp<int64_t>(
+              dev.shared_mem_optin / std::max(1, 1024 / plan.threads) - 8192, 0,
+              int64_t{dev.cluster_hoist_kb} * 1024);
         if (per_thread(plan.cluster) > dev.cluster_reg_values)
           plan.smem_cache_bytes = dev.cluster_smem_bytes >= 0
                                       ? std::min(dev.cluster_smem_bytes, dev.shared_mem_optin)

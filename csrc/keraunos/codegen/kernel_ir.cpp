@@ -185,7 +185,11 @@ void print(std::ostringstream& os, const Kernel& k, const Block& b, int depth) {
     switch (s.kind) {
     case Stmt::Kind::Loop:
       os << pad << loop_kind(s.loop->kind) << " " << s.loop->var << " < " << s.loop->extent
-         << ":\n";
+         << ":";
+      if (s.loop->deviations)
+        os << "  // deviations of " << s.loop->deviations->sum << "'s values from "
+           << s.loop->deviations->mean;
+      os << "\n";
       print(os, k, s.loop->body, depth + 1);
       break;
     case Stmt::Kind::Load:

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -87,6 +88,15 @@ struct Loop {
   int64_t extent = 0;
   LoopKind kind = LoopKind::Parallel;
   Block body;
+  // A variance's second pass (Reduce loops): this loop sums the squared deviations of the values
+  // an earlier Reduce loop of the same extent sums into accumulator `sum` from their mean, the
+  // let `mean` (sum / extent). Backends that combine partial results across threads may then
+  // compute both sums in one round (Chan's combine of (sum, squared deviations) pairs); the
+  // statements mean the same either way. Printed after the loop's header.
+  struct Deviations {
+    std::string sum, mean;
+  };
+  std::optional<Deviations> deviations;
 };
 
 // `var = (compute dtype) buffer[index]`.

@@ -796,6 +796,9 @@ private:
             emit(kir::Stmt::of(sq));
             return sq.var;
           });
+      if (kir::Block& blk = scopes_.back().block;
+          !blk.empty() && blk.back().kind == kir::Stmt::Kind::Loop)
+        blk.back().loop->deviations = kir::Loop::Deviations{s, mean.var};
       double denom = std::max(0.0, static_cast<double>(n) - corr);
       return let(t->dtype, q + " / " + float_literal(denom, vd));
     }

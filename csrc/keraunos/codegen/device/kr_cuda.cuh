@@ -309,16 +309,16 @@ KR_DEVICE void kr_cluster_reduce_init(unsigned long long* bars) {
   }
   kr_cluster_sync(); // no block sends before every block's barriers exist
 }
-template <int OP, int NT, int C, class T>
-KR_DEVICE T kr_cluster_allreduce_async(T v, long long* bufs, unsigned long long* bars,
-                                       unsigned& round) {
+template <int NT, int C, class T, class R>
+KR_DEVICE T kr_cluster_allreduce_with(T v, const R& red, long long* bufs,
+                                      unsigned long long* bars, unsigned& round) {
   static_assert(sizeof(T) <= sizeof(long long), "accumulators are at most 8 bytes");
   static_assert(NT >= 32 && C >= 2 && C <= 16, "whole warps, clusters of 2..16 blocks");
   constexpr int N = NT / 32 * C; // values per round (a power of two)
   constexpr int W = N < 32 ? N : 32;
   const unsigned slot = round & 1u, parity = (round >> 1) & 1u;
   ++round;
-  v = kr_warp_allreduce<OP, 32, T>(v);
+  v = red.warp(v);
   long long* buf = bufs + slot * N;
   const unsigned bar = kr_smem_addr(bars + slot);
   const unsigned lane = threadIdx.x & 31u;
@@ -364,8 +364,58 @@ KR_DEVICE T kr_cluster_allreduce_async(T v, long long* bufs, unsigned long long*
   };
   T r = at(lane & (W - 1));
 #pragma unroll
-  for (unsigned i = (lane & (W - 1)) + W; i < N; i += W) r = kr_combine<OP, T>(r, at(i));
-  return kr_warp_allreduce<OP, W, T>(r);
+  for (unsigned i = (lane & (W - 1)) + W, j = 1; i < N; i += W, ++j) r = red.fold(r, at(i), j);
+  return red.template lanes<W>(r, N / W);
+}
+
+// How a cluster all-reduce combines: R::warp(v) all-reduces a full warp's values, R::fold(r, x, j)
+// adds a warp's result x to r, which holds j warps' results, and R::lanes<W>(v, j) all-reduces
+// groups of W lanes that hold j warps' results each.
+template <int OP, class T> struct kr_op_reducer {
+  KR_DEVICE T warp(T v) const { return kr_warp_allreduce<OP, 32, T>(v); }
+  KR_DEVICE T fold(T r, T x, int) const { return kr_combine<OP, T>(r, x); }
+  template <int W> KR_DEVICE T lanes(T v, int) const { return kr_warp_allreduce<OP, W, T>(v); }
+};
+template <int OP, int NT, int C, class T>
+KR_DEVICE T kr_cluster_allreduce_async(T v, long long* bufs, unsigned long long* bars,
+                                       unsigned& round) {
+  return kr_cluster_allreduce_with<NT, C>(v, kr_op_reducer<OP, T>{}, bufs, bars, round);
+}
+
+// A variance in one all-reduce round: the sum s of a partition's values and the sum q of their
+// squared deviations from the partition's mean s / n. Partitions of n and m values merge as
+// (Chan, Golub, LeVeque): s = s1 + s2, q = q1 + q2 + (s2 / m - s1 / n)^2 * n m / (n + m); the
+// merge is symmetric to the bit, so the xor butterfly still gives every lane the same bits.
+// Every thread's partition holds `n` values (`kr_moments_reducer::n`).
+template <class T> struct kr_moments {
+  T s, q;
+};
+template <class T> KR_DEVICE kr_moments<T> kr_merge_moments(kr_moments<T> a, kr_moments<T> b,
+                                                             T n, T m) {
+  const T d = b.s / m - a.s / n;
+  return {a.s + b.s, a.q + b.q + d * d * (n * m / (n + m))};
+}
+template <int WIDTH, class T> KR_DEVICE kr_moments<T> kr_warp_moments(kr_moments<T> v, T n) {
+#pragma unroll
+  for (int m = WIDTH / 2; m >= 1; m /= 2, n *= 2)
+    v = kr_merge_moments<T>(v, {kr_shfl_xor(v.s, m), kr_shfl_xor(v.q, m)}, n, n);
+  return v;
+}
+template <class T> struct kr_moments_reducer {
+  T n; // values per thread
+  KR_DEVICE kr_moments<T> warp(kr_moments<T> v) const { return kr_warp_moments<32, T>(v, n); }
+  KR_DEVICE kr_moments<T> fold(kr_moments<T> r, kr_moments<T> x, int j) const {
+    return kr_merge_moments<T>(r, x, T(j) * 32 * n, T(32) * n);
+  }
+  template <int W> KR_DEVICE kr_moments<T> lanes(kr_moments<T> v, int j) const {
+    return kr_warp_moments<W, T>(v, T(j) * 32 * n);
+  }
+};
+// The cluster's (sum, squared deviations from the mean) from each thread's, over `n` values.
+template <int NT, int C, class T>
+KR_DEVICE kr_moments<T> kr_cluster_moments_async(kr_moments<T> v, T n, long long* bufs,
+                                                 unsigned long long* bars, unsigned& round) {
+  return kr_cluster_allreduce_with<NT, C>(v, kr_moments_reducer<T>{n}, bufs, bars, round);
 }
 
 // Asynchronous copies global -> shared (sm_80+): BYTES (4, 8 or 16) from `g` to `s`, this
