@@ -257,8 +257,9 @@ TEST(CudaEmitter, LongRowsRunOneClusterPerRow) {
     EXPECT_TRUE(has(src, "__cluster_dims__(" + std::to_string(c.cluster) + ", 1, 1)")) << src;
     EXPECT_TRUE(has(src, c.cache)) << src;
     EXPECT_TRUE(has(src, "const int kr_rt = (int)kr_rank * 512 + kr_tid;")) << src;
-    EXPECT_TRUE(has(src, "a0 = kr_cluster_allreduce_async<KR_MAX, 512, " +
-                             std::to_string(c.cluster) + ", float>(a0, kr_cr, kr_cbar, kr_round);"))
+    // The max and the sum of exp in one round (ClustersMergeSoftmaxMaxAndSumInOneRound).
+    EXPECT_TRUE(has(src, "const auto kr_mg = kr_cluster_expsum_async<512, " +
+                             std::to_string(c.cluster) + ", float>({a0, a1}, kr_cr, kr_cbar, kr_round);"))
         << src;
     EXPECT_TRUE(has(src, "kr_cluster_reduce_init(kr_cbar);")) << src;
     EXPECT_FALSE(has(src, "__syncthreads")) << src; // neither block nor cluster barriers per row
@@ -685,8 +686,8 @@ TEST(CudaEmitter, ClustersSumAVarianceInOneRound) {
   const std::string v = vec_kernel(s);
   EXPECT_EQ(count(s.source, "kr_cluster_allreduce_async<"), 0u) << v;
   const std::string round =
-      "const kr_moments<float> kr_mo = kr_cluster_moments_async<512, 16, float>({a0, a1}, 32.0f, "
-      "kr_cr, kr_cbar, kr_round);";
+      "const auto kr_mg = kr_cluster_moments_async<512, 16, float>({a0, a1}, 32.0f, kr_cr, "
+      "kr_cbar, kr_round);";
   EXPECT_EQ(count(s.source, round), 2u) << "both entries: " << v;
   const size_t local = v.find("const float v1 = a0 / 32.0f;");
   const size_t dev = v.find("const float v3 = (v2 - v1);");
@@ -697,8 +698,8 @@ TEST(CudaEmitter, ClustersSumAVarianceInOneRound) {
   EXPECT_LT(local, dev) << v;
   EXPECT_LT(dev, merged) << v;
   EXPECT_LT(merged, mean) << "the row's mean after the round: " << v;
-  EXPECT_TRUE(has(v, "a0 = kr_mo.s;")) << v;
-  EXPECT_TRUE(has(v, "a1 = kr_mo.q;")) << v;
+  EXPECT_TRUE(has(v, "a0 = kr_mg.s;")) << v;
+  EXPECT_TRUE(has(v, "a1 = kr_mg.q;")) << v;
   EXPECT_COMPILES(k);
 
   codegen::CudaDeviceInfo d;
@@ -716,6 +717,39 @@ TEST(CudaEmitter, ClustersSumAVarianceInOneRound) {
   Kernel plain = layer_norm(512, 262144);
   plain.body[0].loop->body[4].loop->deviations.reset();
   EXPECT_EQ(count(emit_cuda(plain, kH200).source, "kr_cluster_moments_async<512"), 0u);
+}
+
+// Softmax's max and sum of exp(x - max) in one cluster round: each thread's max and the sum of
+// exp(x - its own max) merge across the cluster (rescaled to the larger max), for any counts;
+// the output loop reads the merged max and sum.
+TEST(CudaEmitter, ClustersMergeSoftmaxMaxAndSumInOneRound) {
+  const std::string round =
+      "const auto kr_mg = kr_cluster_expsum_async<512, 16, float>({a0, a1}, kr_cr, kr_cbar, "
+      "kr_round);";
+  for (int64_t cols : {262144, 262148}) {
+    const Kernel k = softmax(512, cols);
+    const CudaKernelSource s = emit_cuda(k, kH200);
+    ASSERT_EQ(s.schedule, "cluster");
+    const std::string v = vec_kernel(s);
+    EXPECT_EQ(count(s.source, "kr_cluster_allreduce_async<"), 0u) << v;
+    EXPECT_EQ(count(s.source, round), 2u) << "both entries: " << v;
+    EXPECT_LT(v.find("const float v2 = kr_exp((v1 - a0));"), v.find(round)) << v;
+    EXPECT_LT(v.find(round), v.find("const float v4 = kr_exp((v3 - a0));")) << v;
+    EXPECT_TRUE(has(v, "a0 = kr_mg.m;")) << v;
+    EXPECT_TRUE(has(v, "a1 = kr_mg.s;")) << v;
+    if (cols == 262144) EXPECT_COMPILES(k);
+  }
+  codegen::CudaDeviceInfo d;
+  codegen::apply_cuda_tuning(d, "cluster_merge_rounds=0");
+  const CudaKernelSource two = emit_cuda(softmax(512, 262144), d);
+  EXPECT_EQ(count(kernels(two), "kr_cluster_expsum_async"), 0u);
+  EXPECT_EQ(count(vec_kernel(two), "kr_cluster_allreduce_async<"), 2u);
+  // Not exp(x - max): two rounds.
+  Kernel other = softmax(512, 262144);
+  other.body[0].loop->body[3].loop->body[1].let.expr = "kr_exp((v1 - a0)) * 2.0f";
+  EXPECT_EQ(count(kernels(emit_cuda(other, kH200)), "kr_cluster_expsum_async"), 0u);
+  other.body[0].loop->body[3].loop->body[1].let.expr = "kr_exp((v1 + a0))";
+  EXPECT_EQ(count(kernels(emit_cuda(other, kH200)), "kr_cluster_expsum_async"), 0u);
 }
 
 TEST(CudaEmitter, TuningKnobs) {

@@ -191,7 +191,32 @@ def test_long_row_variance(cols, reduce, monkeypatch):
     w, b = r(cols), r(cols)
     check(
         lambda x, w, b: (x.var(1), x.std(1, keepdim=True), F.layer_norm(x, (cols,), w, b)),
-        x, w, b, atol=1e-4, rtol=1e-4,
+        x,
+        w,
+        b,
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("merge", [1, 0])
+@pytest.mark.parametrize("cols", [262144, 262148])
+def test_long_row_softmax(cols, merge, monkeypatch):
+    # Rows of 256k in clusters: each thread's max and sum of exp(x - its max) merge across the
+    # cluster in one round (cluster_merge_rounds=1), for even and uneven counts; rows with
+    # masked (-inf) stretches longer than a thread's share, a row all -inf (NaN, as in eager),
+    # a row off zero.
+    monkeypatch.setenv("KERAUNOS_CUDA_TUNE", f"cluster_merge_rounds={merge}")
+    x = r(6, cols) * 4
+    x[1, : cols // 2] = float("-inf")
+    x[2, 1000:200000] = float("-inf")
+    x[3] = float("-inf")
+    x[4] += 300
+    check(
+        lambda x: (x.softmax(-1), x.log_softmax(-1), torch.logsumexp(x, 1)),
+        x,
+        atol=1e-5,
+        rtol=1e-4,
     )
 
 

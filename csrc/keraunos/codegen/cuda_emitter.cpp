@@ -4,6 +4,7 @@
 #include "keraunos/ir/error.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -458,6 +459,8 @@ struct BlockPlan {
   bool prefetch = false;   // fill shared-memory row caches with cp.async, a row ahead
   int min_blocks = 0;      // block schedule: blocks per SM asked of __launch_bounds__ (0: none)
   bool async_reduce = false; // cluster all-reduces through st.async + mbarriers (no barriers)
+  bool merge_rounds = false; // with async_reduce: two dependent reductions in one round
+                             // (MergedPair)
   bool reuse_values = true;  // keep expensive values computed again by later loops in registers
   // Persistent clusters: shared memory a block may give to operands every row reads at the same
   // place (layer_norm's weight), copied in once before the first row (0: none).
@@ -922,79 +925,186 @@ void emit_prefetch(Emitter& e, const BlockPlan& plan, const RegisterCache& cache
   o.line(d, "}");
 }
 
-// A variance's two passes (Loop::deviations) whose sums the cluster all-reduces in one round:
-// each thread sums its values, then their squared deviations from its own mean, and the
-// (sum, deviations) pairs merge across the cluster (kr_cluster_moments_async); the lets between
-// the loops (the row's mean, ...) run after that round. Float accumulators, loops of one shape in
-// which every thread holds as many values (the merge weighs partitions by their counts), and a
-// deviation loop that reads no let between them but the mean.
-struct MomentsPair {
-  const Stmt* sum_loop;
-  const Stmt* dev_loop;
-  std::string sum, dev, mean; // accumulators and the mean's let
-  DType dtype;
-  std::string count;                // values per thread, a literal of dtype
+// Two reduction loops of a row whose results the cluster all-reduces in one round instead of
+// two: each thread reduces its values in the first loop, runs the second on its own partial
+// result, and the (first, second) pairs merge across the cluster; the lets between the loops
+// then run on the merged results.
+//  - Moments: a variance's passes (Loop::deviations): the sum, then the squared deviations from
+//    the thread's own mean; pairs merge by Chan's formula (kr_cluster_moments_async), which
+//    weighs them by their counts: every thread must hold as many values.
+//  - ExpSum: softmax's max, then the sum of exp(x - max) (the lowering's casts aside); pairs
+//    merge by rescaling to the larger max (kr_cluster_expsum_async), for any counts.
+// Float accumulators, loops of one shape over the same values, and a second loop that reads no
+// let between them but the one that carries the first loop's result.
+struct MergedPair {
+  enum class Kind { Moments, ExpSum } kind;
+  const Stmt* first_loop;
+  const Stmt* second_loop;
+  std::string first, second; // accumulators
+  std::string carrier;       // the let between them that the second loop reads
+  std::string count;         // Moments: values per thread, a float literal
   std::vector<const Stmt*> between; // the lets between the loops
 };
 
-std::vector<MomentsPair> moments_pairs(const Emitter& e, const std::vector<LoopNest>& nests,
-                                       const std::map<const Stmt*, size_t>& nest_of_stmt,
-                                       const std::vector<int>& vecs, int rt) {
-  std::vector<MomentsPair> pairs;
+// Whether the parenthesis at x[open] closes at the end of x.
+bool closes_at_end(const std::string& x, size_t open) {
+  int depth = 0;
+  for (size_t i = open; i < x.size(); ++i) {
+    depth += x[i] == '(' ? 1 : x[i] == ')' ? -1 : 0;
+    if (depth == 0) return i == x.size() - 1;
+  }
+  return false;
+}
+
+// `expr` without enclosing parentheses and "(float)" casts of a whole expression.
+std::string strip_float_casts(std::string expr) {
+  const auto whole = closes_at_end;
+  for (;;) {
+    if (expr.rfind("(float)(", 0) == 0 && expr.back() == ')' && whole(expr, 7))
+      expr = expr.substr(8, expr.size() - 9);
+    else if (!expr.empty() && expr[0] == '(' && expr.back() == ')' && whole(expr, 0))
+      expr = expr.substr(1, expr.size() - 2);
+    else
+      return expr;
+  }
+}
+
+bool identifier(const std::string& x) {
+  if (x.empty() || std::isdigit(static_cast<unsigned char>(x[0]))) return false;
+  for (char c : x)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  return true;
+}
+
+std::vector<MergedPair> merged_pairs(const Emitter& e, const std::vector<LoopNest>& nests,
+                                     const std::map<const Stmt*, size_t>& nest_of_stmt,
+                                     const std::vector<int>& vecs, int rt) {
+  std::vector<MergedPair> pairs;
   const Block& point = *e.a.point;
+  // The accumulators a loop updates, with their op.
   auto updates = [](const Block& b) {
-    std::set<std::string> accs;
+    std::map<std::string, kir::ReduceOp> accs;
     visit(b, [&](const Stmt& s) {
-      if (s.kind == Stmt::Kind::AccUpdate && s.update.op == kir::ReduceOp::Sum)
-        accs.insert(s.update.var);
-      if (s.kind == Stmt::Kind::AccUpdate && s.update.op != kir::ReduceOp::Sum) accs.insert("");
+      if (s.kind == Stmt::Kind::AccUpdate) accs.emplace(s.update.var, s.update.op);
     });
     return accs;
   };
+  // Statements of a loop body by the variable they define.
+  auto defs = [](const Block& b) {
+    std::map<std::string, const Stmt*> d;
+    visit(b, [&](const Stmt& s) {
+      if (s.kind == Stmt::Kind::Let) d[s.let.var] = &s;
+      if (s.kind == Stmt::Kind::Load) d[s.load.var] = &s;
+    });
+    return d;
+  };
+  // A float value through the lets that only cast or copy it.
+  auto resolve = [](const std::map<std::string, const Stmt*>& d, std::string v) {
+    for (auto it = d.find(v); it != d.end() && it->second->kind == Stmt::Kind::Let &&
+                              it->second->let.dtype == DType::Float32;
+         it = d.find(v)) {
+      const std::string x = strip_float_casts(it->second->let.expr);
+      if (!identifier(x)) break;
+      v = x;
+    }
+    return v;
+  };
+  auto update_value = [](const Block& b) {
+    std::string v;
+    visit(b, [&](const Stmt& s) {
+      if (s.kind == Stmt::Kind::AccUpdate) v = s.update.value;
+    });
+    return v;
+  };
   for (size_t i = 0; i < point.size(); ++i) {
     const Stmt& s = point[i];
-    if (s.kind != Stmt::Kind::Loop || !s.loop->deviations) continue;
-    const kir::Loop::Deviations& dv = *s.loop->deviations;
+    if (s.kind != Stmt::Kind::Loop || s.loop->kind != LoopKind::Reduce) continue;
     size_t j = i;
     std::vector<const Stmt*> lets;
-    std::set<std::string> let_vars;
+    std::map<std::string, const Stmt*> between;
     while (j > 0 && (point[j - 1].kind == Stmt::Kind::Let ||
                      point[j - 1].kind == Stmt::Kind::AccInit)) {
       --j;
       if (point[j].kind == Stmt::Kind::Let) {
         lets.insert(lets.begin(), &point[j]);
-        let_vars.insert(point[j].let.var);
+        between[point[j].let.var] = &point[j];
       }
     }
-    if (j == 0 || point[j - 1].kind != Stmt::Kind::Loop) continue;
-    const Stmt& first = point[j - 1];
-    const std::set<std::string> sums = updates(first.loop->body), devs = updates(s.loop->body);
-    if (sums != std::set<std::string>{dv.sum} || devs.size() != 1 || devs.count("") ||
-        !let_vars.count(dv.mean))
+    if (j == 0 || point[j - 1].kind != Stmt::Kind::Loop ||
+        point[j - 1].loop->kind != LoopKind::Reduce)
       continue;
-    const std::string dev = *devs.begin();
-    const DType dt = e.acc_dtype(dv.sum);
-    if (dt != DType::Float32 || e.acc_dtype(dev) != dt) continue;
+    const Stmt& first = point[j - 1];
+    const auto u1 = updates(first.loop->body), u2 = updates(s.loop->body);
+    if (u1.size() != 1 || u2.size() != 1 || u2.begin()->second != kir::ReduceOp::Sum) continue;
+    const std::string a1 = u1.begin()->first, a2 = u2.begin()->first;
+    if (e.acc_dtype(a1) != DType::Float32 || e.acc_dtype(a2) != DType::Float32) continue;
     const size_t n1 = nest_of_stmt.at(&first), n2 = nest_of_stmt.at(&s);
-    const LoopNest &a = nests[n1], &b = nests[n2];
-    if (a.extent != b.extent || a.loops.size() != b.loops.size() || vecs[n1] != vecs[n2]) continue;
-    const int64_t units = vecs[n1] > 1 ? a.extent / vecs[n1] : a.extent;
-    if (units % rt != 0) continue;
-    // The deviation loop reads no let between the loops but the mean.
+    const LoopNest &na = nests[n1], &nb = nests[n2];
+    if (na.extent != nb.extent || na.loops.size() != nb.loops.size() || vecs[n1] != vecs[n2])
+      continue;
+    MergedPair p{MergedPair::Kind::Moments, &first, &s, a1, a2, "", "", lets};
+    if (s.loop->deviations && s.loop->deviations->sum == a1 &&
+        u1.begin()->second == kir::ReduceOp::Sum && between.count(s.loop->deviations->mean)) {
+      const int64_t units = vecs[n1] > 1 ? na.extent / vecs[n1] : na.extent;
+      if (units % rt != 0) continue;
+      p.carrier = s.loop->deviations->mean;
+      p.count = std::to_string(na.extent / rt) + ".0f";
+    } else if (u1.begin()->second == kir::ReduceOp::Max) {
+      // second: sum of exp(x - m), m a let between that casts a1, x the value of the first loop.
+      const auto d1 = defs(first.loop->body), d2 = defs(s.loop->body);
+      const auto let_of = [](const std::map<std::string, const Stmt*>& d, const std::string& v) {
+        auto it = d.find(v);
+        return it != d.end() && it->second->kind == Stmt::Kind::Let ? it->second : nullptr;
+      };
+      const Stmt* ex = let_of(d2, resolve(d2, update_value(s.loop->body)));
+      if (!ex) continue;
+      const std::string call = strip_float_casts(ex->let.expr);
+      if (call.rfind("kr_exp(", 0) != 0 || !closes_at_end(call, 6)) continue;
+      // The argument: x - m, inline or in a let.
+      std::string dx = strip_float_casts(call.substr(6));
+      if (identifier(dx)) {
+        const Stmt* diff = let_of(d2, resolve(d2, dx));
+        if (!diff) continue;
+        dx = strip_float_casts(diff->let.expr);
+      }
+      const size_t minus = dx.find(" - ");
+      if (minus == std::string::npos) continue;
+      const std::string x = dx.substr(0, minus), m = dx.substr(minus + 3);
+      if (!identifier(x) || !identifier(m) || (m != a1 && resolve(between, m) != a1)) continue;
+      // x and the first loop's value: one load of the same element, through casts.
+      auto load_of = [&](const std::map<std::string, const Stmt*>& d, const std::string& v,
+                         const LoopNest& nest) -> std::string {
+        auto it = d.find(v);
+        if (it == d.end() || it->second->kind != Stmt::Kind::Load ||
+            !it->second->load.index.affine())
+          return "";
+        Rename canon;
+        for (size_t k = 0; k < nest.loops.size(); ++k)
+          canon[nest.loops[k]->var] = "@" + std::to_string(k);
+        return std::to_string(it->second->load.buffer) + "|" +
+               index_expr(it->second->load.index, canon);
+      };
+      const std::string l1 = load_of(d1, resolve(d1, update_value(first.loop->body)), na);
+      if (l1.empty() || l1 != load_of(d2, resolve(d2, x), nb)) continue;
+      p.kind = MergedPair::Kind::ExpSum;
+      p.carrier = m;
+    } else {
+      continue;
+    }
+    // The second loop reads no let between the loops but the carrier.
     bool reads_between = false;
     auto check = [&](const std::string& expr) {
       kir::map_identifiers(expr, [&](const std::string& id) {
-        reads_between |= id != dv.mean && let_vars.count(id) > 0;
+        reads_between |= id != p.carrier && between.count(id) > 0;
         return id;
       });
     };
     visit(s.loop->body, [&](const Stmt& b) {
       if (b.kind == Stmt::Kind::Let) check(b.let.expr);
       if (b.kind == Stmt::Kind::Load) check(b.load.index.opaque);
+      if (b.kind == Stmt::Kind::Store) check(b.store.index.opaque);
     });
-    if (reads_between) continue;
-    pairs.push_back({&first, &s, dv.sum, dev, dv.mean, dt,
-                     std::to_string(a.extent / rt) + ".0f", lets});
+    if (!reads_between) pairs.push_back(p);
   }
   return pairs;
 }
@@ -1274,10 +1384,11 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
   if (!decls_outside)
     for (const std::string& d : cache.decls) o.line(2, d);
 
-  const std::vector<MomentsPair> pairs =
-      async_reduce ? moments_pairs(e, nests, nest_of_stmt, vecs, rt) : std::vector<MomentsPair>{};
+  const std::vector<MergedPair> pairs =
+      async_reduce && plan.merge_rounds ? merged_pairs(e, nests, nest_of_stmt, vecs, rt)
+                                : std::vector<MergedPair>{};
   std::set<const Stmt*> deferred; // lets that wait for a pair's all-reduce
-  for (const MomentsPair& p : pairs) deferred.insert(p.between.begin(), p.between.end());
+  for (const MergedPair& p : pairs) deferred.insert(p.between.begin(), p.between.end());
   for (const Stmt& s : *a.point) {
     if (s.kind == Stmt::Kind::Store) {
       o.line(2, std::string(cl > 1 ? "if (kr_tid == 0 && kr_rank == 0) " : "if (kr_tid == 0) ") +
@@ -1288,17 +1399,28 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       if (!deferred.count(&s)) e.stmt(s, 2);
       continue;
     }
-    const MomentsPair* sum_of = nullptr;
-    const MomentsPair* dev_of = nullptr;
-    for (const MomentsPair& p : pairs) {
-      if (p.sum_loop == &s) sum_of = &p;
-      if (p.dev_loop == &s) dev_of = &p;
+    const MergedPair* first_of = nullptr;
+    const MergedPair* second_of = nullptr;
+    for (const MergedPair& p : pairs) {
+      if (p.first_loop == &s) first_of = &p;
+      if (p.second_loop == &s) second_of = &p;
     }
-    if (dev_of) {
-      // This thread's squared deviations from its own values' mean.
+    if (second_of) {
+      // The second loop over this thread's values, on its own first result: the squared
+      // deviations from its own mean, or exp(x - its own max).
       o.line(2, "{");
-      o.line(2, "const " + std::string(kir::ctype(dev_of->dtype)) + " " + dev_of->mean + " = " +
-                    dev_of->sum + " / " + dev_of->count + ";");
+      if (second_of->kind == MergedPair::Kind::Moments) {
+        o.line(2, "const float " + second_of->carrier + " = " + second_of->first + " / " +
+                      second_of->count + ";");
+      } else {
+        // A thread whose values are all -inf (a masked row part) sums exp(x - 0) = 0, not
+        // exp(-inf + inf) = NaN; the pair keeps its max of -inf.
+        const std::string& m = second_of->first;
+        o.line(2, "const float kr_lm = " + m + " == -kr_inf_f() ? 0.0f : " + m + ";");
+        o.line(2, "{");
+        o.line(2, "const float " + m + " = kr_lm;");
+        for (const Stmt* l : second_of->between) e.stmt(*l, 2);
+      }
     }
     const size_t ni = nest_of_stmt.at(&s);
     const LoopNest& nest = nests[ni];
@@ -1353,20 +1475,21 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
       e.replace.clear();
       e.after.clear();
     }
-    if (nest.kind != LoopKind::Reduce || sum_of) continue;
-    if (dev_of) {
-      // Both sums in one round; then the lets that read the row's sum.
-      o.line(2, "}");
-      const std::string t = kir::ctype(dev_of->dtype);
+    if (nest.kind != LoopKind::Reduce || first_of) continue;
+    if (second_of) {
+      // Both results in one round; then the lets between the loops, on the merged results.
+      const bool mo = second_of->kind == MergedPair::Kind::Moments;
+      o.line(2, mo ? "}" : "}}");
+      const std::string head = "kr_cluster_" + std::string(mo ? "moments" : "expsum") +
+                               "_async<" + std::to_string(nt) + ", " + std::to_string(cl) +
+                               ", float>({" + second_of->first + ", " + second_of->second + "}";
       o.line(2, "{");
-      o.line(3, "const kr_moments<" + t + "> kr_mo = kr_cluster_moments_async<" +
-                    std::to_string(nt) + ", " + std::to_string(cl) + ", " + t + ">({" +
-                    dev_of->sum + ", " + dev_of->dev + "}, " + dev_of->count +
+      o.line(3, "const auto kr_mg = " + head + (mo ? ", " + second_of->count : "") +
                     ", kr_cr, kr_cbar, kr_round);");
-      o.line(3, dev_of->sum + " = kr_mo.s;");
-      o.line(3, dev_of->dev + " = kr_mo.q;");
+      o.line(3, second_of->first + (mo ? " = kr_mg.s;" : " = kr_mg.m;"));
+      o.line(3, second_of->second + (mo ? " = kr_mg.q;" : " = kr_mg.s;"));
       o.line(2, "}");
-      for (const Stmt* l : dev_of->between) e.stmt(*l, 2);
+      for (const Stmt* l : second_of->between) e.stmt(*l, 2);
       continue;
     }
     // Combine the threads' partial accumulators; every thread gets the result.
@@ -1440,6 +1563,8 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
     } else if (key == "pointwise_vec") {
       KR_CHECK(pow2_in(1, 16), Value, "KERAUNOS_CUDA_TUNE: pointwise_vec must be 1, 2, 4, 8 or 16");
       info.pointwise_vec = v;
+    } else if (key == "cluster_merge_rounds") {
+      info.cluster_merge_rounds = v != 0;
     } else if (key == "cluster_hoist_kb") {
       KR_CHECK(v >= 0 && v <= 227, Value, "KERAUNOS_CUDA_TUNE: cluster_hoist_kb is 0..227");
       info.cluster_hoist_kb = v;
@@ -1466,7 +1591,7 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       info.reuse_values = v != 0;
     } else {
       KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
-                    "' (block_threads, block_min_blocks, pointwise_vec, cluster_hoist_kb, cluster_threads, max_cluster, cluster_reg_values, "
+                    "' (block_threads, block_min_blocks, pointwise_vec, cluster_hoist_kb, cluster_merge_rounds, cluster_threads, max_cluster, cluster_reg_values, "
                     "cluster_smem_bytes, cluster_persist, cluster_prefetch, cluster_async_reduce, reuse_values)");
     }
   }
@@ -1555,6 +1680,7 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
         plan.reg_values = dev.cluster_reg_values;
         plan.prefetch = dev.cluster_prefetch != 0;
         plan.async_reduce = dev.cluster_async_reduce != 0;
+        plan.merge_rounds = dev.cluster_merge_rounds != 0;
         // Two blocks of 512 threads per SM: each may take half the SM's shared memory, less
         // what the all-reduce and the runtime keep, and less is better (cluster_hoist_kb): the
         // SM's L1 is what its shared memory leaves, and the rows' loads in flight need it.

@@ -83,6 +83,9 @@ struct CudaDeviceInfo {
   // Cluster all-reduces: warps send their values to every block's buffer with st.async and each
   // block waits on an mbarrier (1), or a block all-reduce then a cluster barrier (0).
   int cluster_async_reduce = 1;
+  // With them, a variance's sum and squared deviations, and softmax's max and sum of exp, in one
+  // round (each thread's pair, merged across the cluster) instead of two (0: two rounds).
+  int cluster_merge_rounds = 1;
   // Row schedules with register caches: an expensive value a later loop computes again (softmax's
   // exp(x - max)) is kept in registers by the loop that computes it first (0: recomputed).
   int reuse_values = 1;

@@ -418,6 +418,40 @@ KR_DEVICE kr_moments<T> kr_cluster_moments_async(kr_moments<T> v, T n, long long
   return kr_cluster_allreduce_with<NT, C>(v, kr_moments_reducer<T>{n}, bufs, bars, round);
 }
 
+// Softmax's max and sum of exponentials in one all-reduce round: a partition's max m and the sum
+// s of exp(x - m) over its values; partitions merge as m = max(m1, m2), s = s1 exp(m1 - m) +
+// s2 exp(m2 - m) (a factor of 1 where m_i == m: an all -inf partition keeps 0, not NaN). The
+// merge is symmetric to the bit. Any counts.
+template <class T> struct kr_max_expsum {
+  T m, s;
+};
+template <class T> KR_DEVICE kr_max_expsum<T> kr_merge_expsum(kr_max_expsum<T> a,
+                                                              kr_max_expsum<T> b) {
+  const T m = kr_maximum(a.m, b.m);
+  const T fa = a.m == m ? T(1) : kr_exp(a.m - m), fb = b.m == m ? T(1) : kr_exp(b.m - m);
+  return {m, a.s * fa + b.s * fb};
+}
+template <int WIDTH, class T> KR_DEVICE kr_max_expsum<T> kr_warp_expsum(kr_max_expsum<T> v) {
+#pragma unroll
+  for (int m = WIDTH / 2; m >= 1; m /= 2)
+    v = kr_merge_expsum<T>(v, {kr_shfl_xor(v.m, m), kr_shfl_xor(v.s, m)});
+  return v;
+}
+template <class T> struct kr_expsum_reducer {
+  KR_DEVICE kr_max_expsum<T> warp(kr_max_expsum<T> v) const { return kr_warp_expsum<32, T>(v); }
+  KR_DEVICE kr_max_expsum<T> fold(kr_max_expsum<T> r, kr_max_expsum<T> x, int) const {
+    return kr_merge_expsum<T>(r, x);
+  }
+  template <int W> KR_DEVICE kr_max_expsum<T> lanes(kr_max_expsum<T> v, int) const {
+    return kr_warp_expsum<W, T>(v);
+  }
+};
+template <int NT, int C, class T>
+KR_DEVICE kr_max_expsum<T> kr_cluster_expsum_async(kr_max_expsum<T> v, long long* bufs,
+                                                   unsigned long long* bars, unsigned& round) {
+  return kr_cluster_allreduce_with<NT, C>(v, kr_expsum_reducer<T>{}, bufs, bars, round);
+}
+
 // Asynchronous copies global -> shared (sm_80+): BYTES (4, 8 or 16) from `g` to `s`, this
 // thread's; kr_cp_async_wait_all() makes this thread's copies complete and visible to it.
 template <int BYTES> KR_DEVICE void kr_cp_async(void* s, const void* g) {
