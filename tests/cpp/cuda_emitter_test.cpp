@@ -257,9 +257,8 @@ TEST(CudaEmitter, LongRowsRunOneClusterPerRow) {
     EXPECT_TRUE(has(src, "__cluster_dims__(" + std::to_string(c.cluster) + ", 1, 1)")) << src;
     EXPECT_TRUE(has(src, c.cache)) << src;
     EXPECT_TRUE(has(src, "const int kr_rt = (int)kr_rank * 512 + kr_tid;")) << src;
-    // The max and the sum of exp in one round (ClustersMergeSoftmaxMaxAndSumInOneRound).
-    EXPECT_TRUE(has(src, "const auto kr_mg = kr_cluster_expsum_async<512, " +
-                             std::to_string(c.cluster) + ", float>({a0, a1}, kr_cr, kr_cbar, kr_round);"))
+    EXPECT_TRUE(has(src, "a0 = kr_cluster_allreduce_async<KR_MAX, 512, " +
+                             std::to_string(c.cluster) + ", float>(a0, kr_cr, kr_cbar, kr_round);"))
         << src;
     EXPECT_TRUE(has(src, "kr_cluster_reduce_init(kr_cbar);")) << src;
     EXPECT_FALSE(has(src, "__syncthreads")) << src; // neither block nor cluster barriers per row
@@ -703,7 +702,10 @@ TEST(CudaEmitter, ClustersSumAVarianceInOneRound) {
   EXPECT_COMPILES(k);
 
   codegen::CudaDeviceInfo d;
-  codegen::apply_cuda_tuning(d, "cluster_async_reduce=0");
+  codegen::apply_cuda_tuning(d, "cluster_merge_variance=0");
+  EXPECT_EQ(count(kernels(emit_cuda(k, d)), "kr_cluster_moments_async"), 0u);
+  EXPECT_EQ(count(vec_kernel(emit_cuda(k, d)), "kr_cluster_allreduce_async<KR_SUM, 512, 16, float>"), 2u);
+  codegen::apply_cuda_tuning(d, "cluster_merge_variance=1,cluster_async_reduce=0");
   const CudaKernelSource barrier = emit_cuda(k, d);
   EXPECT_EQ(count(barrier.source, "kr_cluster_moments_async<512"), 0u);
   EXPECT_EQ(count(vec_kernel(barrier), "kr_cluster_allreduce<KR_SUM, 16, float>"), 2u);
@@ -719,16 +721,18 @@ TEST(CudaEmitter, ClustersSumAVarianceInOneRound) {
   EXPECT_EQ(count(emit_cuda(plain, kH200).source, "kr_cluster_moments_async<512"), 0u);
 }
 
-// Softmax's max and sum of exp(x - max) in one cluster round: each thread's max and the sum of
-// exp(x - its own max) merge across the cluster (rescaled to the larger max), for any counts;
-// the output loop reads the merged max and sum.
+// Softmax's max and sum of exp(x - max) in one cluster round (cluster_merge_softmax=1; off by
+// default): each thread's max and the sum of exp(x - its own max) merge across the cluster
+// (rescaled to the larger max), for any counts; the output loop reads the merged max and sum.
 TEST(CudaEmitter, ClustersMergeSoftmaxMaxAndSumInOneRound) {
+  codegen::CudaDeviceInfo on;
+  codegen::apply_cuda_tuning(on, "cluster_merge_softmax=1");
   const std::string round =
       "const auto kr_mg = kr_cluster_expsum_async<512, 16, float>({a0, a1}, kr_cr, kr_cbar, "
       "kr_round);";
   for (int64_t cols : {262144, 262148}) {
     const Kernel k = softmax(512, cols);
-    const CudaKernelSource s = emit_cuda(k, kH200);
+    const CudaKernelSource s = emit_cuda(k, on);
     ASSERT_EQ(s.schedule, "cluster");
     const std::string v = vec_kernel(s);
     EXPECT_EQ(count(s.source, "kr_cluster_allreduce_async<"), 0u) << v;
@@ -737,19 +741,21 @@ TEST(CudaEmitter, ClustersMergeSoftmaxMaxAndSumInOneRound) {
     EXPECT_LT(v.find(round), v.find("const float v4 = kr_exp((v3 - a0));")) << v;
     EXPECT_TRUE(has(v, "a0 = kr_mg.m;")) << v;
     EXPECT_TRUE(has(v, "a1 = kr_mg.s;")) << v;
-    if (cols == 262144) EXPECT_COMPILES(k);
   }
   codegen::CudaDeviceInfo d;
-  codegen::apply_cuda_tuning(d, "cluster_merge_rounds=0");
+  codegen::apply_cuda_tuning(d, "cluster_merge_softmax=0");
   const CudaKernelSource two = emit_cuda(softmax(512, 262144), d);
   EXPECT_EQ(count(kernels(two), "kr_cluster_expsum_async"), 0u);
   EXPECT_EQ(count(vec_kernel(two), "kr_cluster_allreduce_async<"), 2u);
+  EXPECT_EQ(count(kernels(emit_cuda(softmax(512, 262144), kH200)), "kr_cluster_expsum_async"), 0u)
+      << "off by default";
   // Not exp(x - max): two rounds.
   Kernel other = softmax(512, 262144);
   other.body[0].loop->body[3].loop->body[1].let.expr = "kr_exp((v1 - a0)) * 2.0f";
-  EXPECT_EQ(count(kernels(emit_cuda(other, kH200)), "kr_cluster_expsum_async"), 0u);
+  EXPECT_EQ(count(kernels(emit_cuda(other, on)), "kr_cluster_expsum_async"), 0u);
   other.body[0].loop->body[3].loop->body[1].let.expr = "kr_exp((v1 + a0))";
-  EXPECT_EQ(count(kernels(emit_cuda(other, kH200)), "kr_cluster_expsum_async"), 0u);
+  EXPECT_EQ(count(kernels(emit_cuda(other, on)), "kr_cluster_expsum_async"), 0u);
+  EXPECT_COMPILES_WITH(softmax(512, 262144), on);
 }
 
 TEST(CudaEmitter, TuningKnobs) {

@@ -203,10 +203,10 @@ def test_long_row_variance(cols, reduce, monkeypatch):
 @pytest.mark.parametrize("cols", [262144, 262148])
 def test_long_row_softmax(cols, merge, monkeypatch):
     # Rows of 256k in clusters: each thread's max and sum of exp(x - its max) merge across the
-    # cluster in one round (cluster_merge_rounds=1), for even and uneven counts; rows with
+    # cluster in one round (cluster_merge_softmax=1), for even and uneven counts; rows with
     # masked (-inf) stretches longer than a thread's share, a row all -inf (NaN, as in eager),
     # a row off zero.
-    monkeypatch.setenv("KERAUNOS_CUDA_TUNE", f"cluster_merge_rounds={merge}")
+    monkeypatch.setenv("KERAUNOS_CUDA_TUNE", f"cluster_merge_softmax={merge}")
     x = r(6, cols) * 4
     x[1, : cols // 2] = float("-inf")
     x[2, 1000:200000] = float("-inf")

@@ -459,8 +459,9 @@ struct BlockPlan {
   bool prefetch = false;   // fill shared-memory row caches with cp.async, a row ahead
   int min_blocks = 0;      // block schedule: blocks per SM asked of __launch_bounds__ (0: none)
   bool async_reduce = false; // cluster all-reduces through st.async + mbarriers (no barriers)
-  bool merge_rounds = false; // with async_reduce: two dependent reductions in one round
-                             // (MergedPair)
+  // With async_reduce: a variance's two sums, softmax's max and sum of exp, in one round
+  // (MergedPair).
+  bool merge_variance = false, merge_softmax = false;
   bool reuse_values = true;  // keep expensive values computed again by later loops in registers
   // Persistent clusters: shared memory a block may give to operands every row reads at the same
   // place (layer_norm's weight), copied in once before the first row (0: none).
@@ -978,7 +979,8 @@ bool identifier(const std::string& x) {
 
 std::vector<MergedPair> merged_pairs(const Emitter& e, const std::vector<LoopNest>& nests,
                                      const std::map<const Stmt*, size_t>& nest_of_stmt,
-                                     const std::vector<int>& vecs, int rt) {
+                                     const std::vector<int>& vecs, int rt, bool variance,
+                                     bool softmax) {
   std::vector<MergedPair> pairs;
   const Block& point = *e.a.point;
   // The accumulators a loop updates, with their op.
@@ -1043,13 +1045,13 @@ std::vector<MergedPair> merged_pairs(const Emitter& e, const std::vector<LoopNes
     if (na.extent != nb.extent || na.loops.size() != nb.loops.size() || vecs[n1] != vecs[n2])
       continue;
     MergedPair p{MergedPair::Kind::Moments, &first, &s, a1, a2, "", "", lets};
-    if (s.loop->deviations && s.loop->deviations->sum == a1 &&
+    if (variance && s.loop->deviations && s.loop->deviations->sum == a1 &&
         u1.begin()->second == kir::ReduceOp::Sum && between.count(s.loop->deviations->mean)) {
       const int64_t units = vecs[n1] > 1 ? na.extent / vecs[n1] : na.extent;
       if (units % rt != 0) continue;
       p.carrier = s.loop->deviations->mean;
       p.count = std::to_string(na.extent / rt) + ".0f";
-    } else if (u1.begin()->second == kir::ReduceOp::Max) {
+    } else if (softmax && u1.begin()->second == kir::ReduceOp::Max) {
       // second: sum of exp(x - m), m a let between that casts a1, x the value of the first loop.
       const auto d1 = defs(first.loop->body), d2 = defs(s.loop->body);
       const auto let_of = [](const std::map<std::string, const Stmt*>& d, const std::string& v) {
@@ -1385,8 +1387,9 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
     for (const std::string& d : cache.decls) o.line(2, d);
 
   const std::vector<MergedPair> pairs =
-      async_reduce && plan.merge_rounds ? merged_pairs(e, nests, nest_of_stmt, vecs, rt)
-                                : std::vector<MergedPair>{};
+      async_reduce ? merged_pairs(e, nests, nest_of_stmt, vecs, rt, plan.merge_variance,
+                                  plan.merge_softmax)
+                   : std::vector<MergedPair>{};
   std::set<const Stmt*> deferred; // lets that wait for a pair's all-reduce
   for (const MergedPair& p : pairs) deferred.insert(p.between.begin(), p.between.end());
   for (const Stmt& s : *a.point) {
@@ -1563,8 +1566,10 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
     } else if (key == "pointwise_vec") {
       KR_CHECK(pow2_in(1, 16), Value, "KERAUNOS_CUDA_TUNE: pointwise_vec must be 1, 2, 4, 8 or 16");
       info.pointwise_vec = v;
-    } else if (key == "cluster_merge_rounds") {
-      info.cluster_merge_rounds = v != 0;
+    } else if (key == "cluster_merge_variance") {
+      info.cluster_merge_variance = v != 0;
+    } else if (key == "cluster_merge_softmax") {
+      info.cluster_merge_softmax = v != 0;
     } else if (key == "cluster_hoist_kb") {
       KR_CHECK(v >= 0 && v <= 227, Value, "KERAUNOS_CUDA_TUNE: cluster_hoist_kb is 0..227");
       info.cluster_hoist_kb = v;
@@ -1591,7 +1596,7 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       info.reuse_values = v != 0;
     } else {
       KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
-                    "' (block_threads, block_min_blocks, pointwise_vec, cluster_hoist_kb, cluster_merge_rounds, cluster_threads, max_cluster, cluster_reg_values, "
+                    "' (block_threads, block_min_blocks, pointwise_vec, cluster_hoist_kb, cluster_merge_variance, cluster_merge_softmax, cluster_threads, max_cluster, cluster_reg_values, "
                     "cluster_smem_bytes, cluster_persist, cluster_prefetch, cluster_async_reduce, reuse_values)");
     }
   }
@@ -1680,7 +1685,8 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
         plan.reg_values = dev.cluster_reg_values;
         plan.prefetch = dev.cluster_prefetch != 0;
         plan.async_reduce = dev.cluster_async_reduce != 0;
-        plan.merge_rounds = dev.cluster_merge_rounds != 0;
+        plan.merge_variance = dev.cluster_merge_variance != 0;
+        plan.merge_softmax = dev.cluster_merge_softmax != 0;
         // Two blocks of 512 threads per SM: each may take half the SM's shared memory, less
         // what the all-reduce and the runtime keep, and less is better (cluster_hoist_kb): the
         // SM's L1 is what its shared memory leaves, and the rows' loads in flight need it.

@@ -362,16 +362,23 @@ KR_DEVICE T kr_cluster_allreduce_with(T v, const R& red, long long* bufs,
     u.b = buf[i];
     return u.t;
   };
-  T r = at(lane & (W - 1));
-#pragma unroll
-  for (unsigned i = (lane & (W - 1)) + W, j = 1; i < N; i += W, ++j) r = red.fold(r, at(i), j);
-  return red.template lanes<W>(r, N / W);
+  return red.template all<W, N>(at, lane);
 }
 
-// How a cluster all-reduce combines: R::warp(v) all-reduces a full warp's values, R::fold(r, x, j)
-// adds a warp's result x to r, which holds j warps' results, and R::lanes<W>(v, j) all-reduces
-// groups of W lanes that hold j warps' results each.
-template <int OP, class T> struct kr_op_reducer {
+// How a cluster all-reduce combines: R::warp(v) all-reduces a full warp's values; R::all<W, N>
+// combines the N warps' results (at(i)), lane l taking l, l + W, ... and W lanes finishing.
+// kr_fold_reducer builds `all` from R::fold(r, x, j) (adds a warp's result x to r, which holds j
+// warps' results) and R::lanes<W>(v, j) (all-reduces groups of W lanes holding j results each).
+template <class R> struct kr_fold_reducer {
+  template <int W, int N, class At> KR_DEVICE auto all(At at, unsigned lane) const {
+    const R& red = static_cast<const R&>(*this);
+    auto r = at(lane & (W - 1));
+#pragma unroll
+    for (unsigned i = (lane & (W - 1)) + W, j = 1; i < N; i += W, ++j) r = red.fold(r, at(i), j);
+    return red.template lanes<W>(r, N / W);
+  }
+};
+template <int OP, class T> struct kr_op_reducer : kr_fold_reducer<kr_op_reducer<OP, T>> {
   KR_DEVICE T warp(T v) const { return kr_warp_allreduce<OP, 32, T>(v); }
   KR_DEVICE T fold(T r, T x, int) const { return kr_combine<OP, T>(r, x); }
   template <int W> KR_DEVICE T lanes(T v, int) const { return kr_warp_allreduce<OP, W, T>(v); }
@@ -401,7 +408,7 @@ template <int WIDTH, class T> KR_DEVICE kr_moments<T> kr_warp_moments(kr_moments
     v = kr_merge_moments<T>(v, {kr_shfl_xor(v.s, m), kr_shfl_xor(v.q, m)}, n, n);
   return v;
 }
-template <class T> struct kr_moments_reducer {
+template <class T> struct kr_moments_reducer : kr_fold_reducer<kr_moments_reducer<T>> {
   T n; // values per thread
   KR_DEVICE kr_moments<T> warp(kr_moments<T> v) const { return kr_warp_moments<32, T>(v, n); }
   KR_DEVICE kr_moments<T> fold(kr_moments<T> r, kr_moments<T> x, int j) const {
@@ -415,35 +422,38 @@ template <class T> struct kr_moments_reducer {
 template <int NT, int C, class T>
 KR_DEVICE kr_moments<T> kr_cluster_moments_async(kr_moments<T> v, T n, long long* bufs,
                                                  unsigned long long* bars, unsigned& round) {
-  return kr_cluster_allreduce_with<NT, C>(v, kr_moments_reducer<T>{n}, bufs, bars, round);
+  return kr_cluster_allreduce_with<NT, C>(v, kr_moments_reducer<T>{{}, n}, bufs, bars, round);
 }
 
 // Softmax's max and sum of exponentials in one all-reduce round: a partition's max m and the sum
-// s of exp(x - m) over its values; partitions merge as m = max(m1, m2), s = s1 exp(m1 - m) +
-// s2 exp(m2 - m) (a factor of 1 where m_i == m: an all -inf partition keeps 0, not NaN). The
-// merge is symmetric to the bit. Any counts.
+// s of exp(x - m) over its values. Partitions combine in two steps, so that no exp waits on
+// another: the max M of their maxes, then the sum of s_i exp(m_i - M) (a factor of 1 where
+// m_i == M: an all -inf partition keeps 0, not NaN). Any counts.
 template <class T> struct kr_max_expsum {
   T m, s;
 };
-template <class T> KR_DEVICE kr_max_expsum<T> kr_merge_expsum(kr_max_expsum<T> a,
-                                                              kr_max_expsum<T> b) {
-  const T m = kr_maximum(a.m, b.m);
-  const T fa = a.m == m ? T(1) : kr_exp(a.m - m), fb = b.m == m ? T(1) : kr_exp(b.m - m);
-  return {m, a.s * fa + b.s * fb};
-}
-template <int WIDTH, class T> KR_DEVICE kr_max_expsum<T> kr_warp_expsum(kr_max_expsum<T> v) {
-#pragma unroll
-  for (int m = WIDTH / 2; m >= 1; m /= 2)
-    v = kr_merge_expsum<T>(v, {kr_shfl_xor(v.m, m), kr_shfl_xor(v.s, m)});
-  return v;
+template <class T> KR_DEVICE T kr_expsum_scaled(kr_max_expsum<T> v, T m) {
+  return v.m == m ? v.s : v.s * kr_exp(v.m - m);
 }
 template <class T> struct kr_expsum_reducer {
-  KR_DEVICE kr_max_expsum<T> warp(kr_max_expsum<T> v) const { return kr_warp_expsum<32, T>(v); }
-  KR_DEVICE kr_max_expsum<T> fold(kr_max_expsum<T> r, kr_max_expsum<T> x, int) const {
-    return kr_merge_expsum<T>(r, x);
+  KR_DEVICE kr_max_expsum<T> warp(kr_max_expsum<T> v) const {
+    const T m = kr_warp_allreduce<KR_MAX, 32, T>(v.m);
+    return {m, kr_warp_allreduce<KR_SUM, 32, T>(kr_expsum_scaled(v, m))};
   }
-  template <int W> KR_DEVICE kr_max_expsum<T> lanes(kr_max_expsum<T> v, int) const {
-    return kr_warp_expsum<W, T>(v);
+  template <int W, int N, class At>
+  KR_DEVICE kr_max_expsum<T> all(At at, unsigned lane) const {
+    constexpr int K = N / W; // results per lane
+    kr_max_expsum<T> r[K];
+#pragma unroll
+    for (int i = 0; i < K; ++i) r[i] = at((lane & (W - 1)) + i * W);
+    T m = r[0].m;
+#pragma unroll
+    for (int i = 1; i < K; ++i) m = kr_maximum(m, r[i].m);
+    m = kr_warp_allreduce<KR_MAX, W, T>(m);
+    T s = kr_expsum_scaled(r[0], m);
+#pragma unroll
+    for (int i = 1; i < K; ++i) s += kr_expsum_scaled(r[i], m);
+    return {m, kr_warp_allreduce<KR_SUM, W, T>(s)};
   }
 };
 template <int NT, int C, class T>
