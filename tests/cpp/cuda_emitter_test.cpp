@@ -758,6 +758,30 @@ TEST(CudaEmitter, ClustersMergeSoftmaxMaxAndSumInOneRound) {
   EXPECT_COMPILES_WITH(softmax(512, 262144), on);
 }
 
+// block_persist=1 (off by default until measured on a GPU): the block schedule's blocks walk the
+// rows (the loader caps the grid at the blocks resident at once on sm_count SMs) and load the
+// next row into the registers of each trip as the current row's last loop finishes with it.
+TEST(CudaEmitter, PersistentBlocksPrefetchTheNextRow) {
+  const Kernel k = rms_norm_rows(16384, 8192, DType::BFloat16);
+  const CudaKernelSource plain = emit_cuda(k, kH200);
+  ASSERT_EQ(plain.schedule, "block");
+  EXPECT_EQ(plain.fit_blocks, 0);
+  EXPECT_FALSE(has(vec_kernel(plain), "kr_pf0")) << vec_kernel(plain);
+  codegen::CudaDeviceInfo d;
+  codegen::apply_cuda_tuning(d, "block_persist=1");
+  const CudaKernelSource s = emit_cuda(k, d);
+  ASSERT_EQ(s.schedule, "block");
+  EXPECT_EQ(s.fit_blocks, 132);
+  EXPECT_EQ(s.launch_vec.grid[0], 16384u) << "capped by the loader";
+  const std::string v = vec_kernel(s);
+  const std::string next = "kr_pf0 = kr_load_vec<uint16_t, 8>(in0 + 8192 * i0_n + kr_vb);";
+  EXPECT_EQ(count(v, next), 2u) << "the first row before the loop, then each next row: " << v;
+  EXPECT_EQ(count(v, "kr_put_words<8>(kr_c0 + (kr_k * 8) / 2, kr_pf0);"), 2u) << v;
+  EXPECT_TRUE(has(v, "const unsigned kr_pn = kr_p + (unsigned)gridDim.x;")) << v;
+  EXPECT_LT(v.find("kr_store_vec<unsigned, 4>(reinterpret_cast<unsigned*>(out0"), v.rfind(next)) << v;
+  EXPECT_COMPILES_WITH(k, d);
+}
+
 TEST(CudaEmitter, TuningKnobs) {
   codegen::CudaDeviceInfo d;
   codegen::apply_cuda_tuning(d, "cluster_threads=1024,max_cluster=2,block_threads=256");

@@ -199,6 +199,17 @@ def test_long_row_variance(cols, reduce, monkeypatch):
     )
 
 
+@pytest.mark.parametrize("rows", [1, 700, 5000])
+def test_persistent_blocks(rows, monkeypatch):
+    # block_persist=1: as many blocks as fit walk the rows (fewer, as many, more rows than
+    # blocks), rms_norm's next row prefetched into registers; softmax and layer_norm too.
+    monkeypatch.setenv("KERAUNOS_CUDA_TUNE", "block_persist=1")
+    x, w, b = r(rows, 8192, dtype=torch.bfloat16), r(8192, dtype=torch.bfloat16), r(8192)
+    check(lambda x, w: F.rms_norm(x, (8192,), w), x, w)
+    xf = x.float()
+    check(lambda x, w, b: (x.softmax(-1), F.layer_norm(x, (8192,), w, b)), xf, w.float(), b)
+
+
 @pytest.mark.parametrize("merge", [1, 0])
 @pytest.mark.parametrize("cols", [262144, 262148])
 def test_long_row_softmax(cols, merge, monkeypatch):

@@ -463,6 +463,7 @@ struct BlockPlan {
   // (MergedPair).
   bool merge_variance = false, merge_softmax = false;
   bool reuse_values = true;  // keep expensive values computed again by later loops in registers
+  bool persist = false;      // block schedule: persistent blocks (block_persist)
   // Persistent clusters: shared memory a block may give to operands every row reads at the same
   // place (layer_norm's weight), copied in once before the first row (0: none).
   int64_t hoist_smem_bytes = 0;
@@ -1232,8 +1233,8 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
   std::vector<AsyncFill> reg_fills;
   std::set<const Stmt*> reg_filled;
   const size_t last_nest = nests.empty() ? 0 : nests.size() - 1;
-  if (plan.prefetch && cl > 1 && !cache.smem && !vecs_in.empty() && e.k.noalias &&
-      !nests.empty()) {
+  if (plan.prefetch && (cl > 1 || plan.persist) && ppb == 1 && !cache.smem && !vecs_in.empty() &&
+      e.k.noalias && !nests.empty()) {
     const LoopNest& last = nests[last_nest];
     for (size_t n = 0; n < nests.size(); ++n) {
       const int vec = vecs[n];
@@ -1566,6 +1567,8 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
     } else if (key == "pointwise_vec") {
       KR_CHECK(pow2_in(1, 16), Value, "KERAUNOS_CUDA_TUNE: pointwise_vec must be 1, 2, 4, 8 or 16");
       info.pointwise_vec = v;
+    } else if (key == "block_persist") {
+      info.block_persist = v != 0;
     } else if (key == "cluster_merge_variance") {
       info.cluster_merge_variance = v != 0;
     } else if (key == "cluster_merge_softmax") {
@@ -1596,7 +1599,7 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       info.reuse_values = v != 0;
     } else {
       KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
-                    "' (block_threads, block_min_blocks, pointwise_vec, cluster_hoist_kb, cluster_merge_variance, cluster_merge_softmax, cluster_threads, max_cluster, cluster_reg_values, "
+                    "' (block_threads, block_min_blocks, block_persist, pointwise_vec, cluster_hoist_kb, cluster_merge_variance, cluster_merge_softmax, cluster_threads, max_cluster, cluster_reg_values, "
                     "cluster_smem_bytes, cluster_persist, cluster_prefetch, cluster_async_reduce, reuse_values)");
     }
   }
@@ -1715,6 +1718,8 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
         plan.threads = static_cast<int>(std::min(threads, max_threads));
         plan.reg_values = register_cache_max(plan.threads);
         plan.min_blocks = dev.block_min_blocks;
+        plan.persist = dev.block_persist != 0;
+        plan.prefetch = plan.persist;
       }
       r.launch.block[0] = static_cast<unsigned>(plan.threads);
       r.launch.block[1] = static_cast<unsigned>(plan.points_per_block);
@@ -1727,6 +1732,7 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
       } else {
         r.launch.grid[0] =
             clamp_grid((a.points + plan.points_per_block - 1) / plan.points_per_block);
+        if (plan.persist) r.fit_blocks = dev.sm_count;
       }
       int64_t smem = 0;
       emit_block_kernel(e, r.entry, plan, smem);

@@ -59,6 +59,10 @@ struct CudaDeviceInfo {
   // KERAUNOS_CUDA_TUNE="key=value,..." override them for experiments):
   int block_threads = 0;        // block schedule: threads per row (0: by row length)
   int block_min_blocks = 0;     // block schedule, vector entry: __launch_bounds__'s blocks per SM
+  // Block schedule: as many blocks as fit walk the rows, a row that one loop reads after its
+  // reduction prefetched into registers during the current row's last loop, as the clusters do
+  // (0: a block per row). Not yet measured on a GPU.
+  int block_persist = 0;
   int pointwise_vec = 16;       // pointwise schedule: at most this many lanes per vector access
   // Persistent clusters: KB of shared memory per block for row-invariant operands (0: none).
   // On an H200, layer_norm on rows of 256k (x copy): 0 KB 0.83, 64 (the weight) 0.86, 72 0.87,
@@ -87,7 +91,8 @@ struct CudaDeviceInfo {
   // across the cluster) instead of two: layer_norm on rows of 256k 0.81 -> 0.89 of copy.
   int cluster_merge_variance = 1;
   // The same for softmax's max and sum of exp(x - max): 0.88 -> 0.63 with a merge that chains
-  // an exp per step (session 6); the two-step merge now in kr_cuda.cuh is not yet measured.
+  // an exp per step; 0.87 against 0.87 for two rounds with the two-step merge in kr_cuda.cuh
+  // (session 6). Off: no faster, and two rounds sum exp(x - max) as eager does.
   int cluster_merge_softmax = 0;
   // Row schedules with register caches: an expensive value a later loop computes again (softmax's
   // exp(x - max)) is kept in registers by the loop that computes it first (0: recomputed).
@@ -117,6 +122,9 @@ struct CudaKernelSource {
   // The grid holds one cluster per outer point; the loader caps it at the clusters resident on
   // the device at once (the kernels walk the points in a loop, so any grid is correct).
   bool fit_clusters = false;
+  // > 0: persistent blocks (block schedule, block_persist): the loader caps the grid at the
+  // blocks resident at once on this many SMs.
+  int fit_blocks = 0;
   int vec = 1;           // elements per thread and trip of entry_vec (per vectorized loop of a
                          // warp/block kernel)
 };

@@ -67,6 +67,8 @@ DriverState open_driver() {
   resolve(lib, "cuFuncSetAttribute", d.cuFuncSetAttribute, missing);
   std::string optional; // absent from drivers before CUDA 11.8: clusters are then not capped
   resolve(lib, "cuOccupancyMaxActiveClusters", d.cuOccupancyMaxActiveClusters, optional);
+  resolve(lib, "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+          d.cuOccupancyMaxActiveBlocksPerMultiprocessor, optional);
   if (!missing.empty()) {
     s.reason = "libcuda.so.1 lacks " + missing + " (driver too old)";
     return s;
@@ -189,6 +191,16 @@ int CudaModule::max_active_clusters(CUfunction f, const unsigned block[3], unsig
   LaunchConfig c{16, 1, 1, block[0], block[1], block[2], shared_mem, nullptr, nullptr, 0};
   int n = 0;
   if (d.cuOccupancyMaxActiveClusters(&n, f, &c) != kCudaSuccess) return 0;
+  return n;
+}
+
+int CudaModule::max_active_blocks_per_sm(CUfunction f, unsigned threads, unsigned shared_mem) {
+  const CudaDriver& d = cuda_driver();
+  if (!d.cuOccupancyMaxActiveBlocksPerMultiprocessor) return 0;
+  int n = 0;
+  if (d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, static_cast<int>(threads), shared_mem) !=
+      kCudaSuccess)
+    return 0;
   return n;
 }
 

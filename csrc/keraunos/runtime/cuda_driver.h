@@ -45,6 +45,8 @@ struct CudaDriver {
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   // Optional (CUDA 12+; null when the driver lacks it): clusters of a launch resident at once.
   CUresult (*cuOccupancyMaxActiveClusters)(int*, CUfunction, const void* config);
+  // Optional as well (null when absent): blocks of a kernel resident on one SM at once.
+  CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
 };
 
 // Loads libcuda.so.1 and runs cuInit(0) on first use; false with the reason when there is no
@@ -80,6 +82,9 @@ public:
   // How many clusters of `f` (its compiled-in cluster size) with `block` threads and
   // `shared_mem` bytes fit on the device at once; 0 when the driver cannot say.
   static int max_active_clusters(CUfunction f, const unsigned block[3], unsigned shared_mem);
+  // How many blocks of `f` with `threads` threads and `shared_mem` bytes fit on one SM at once;
+  // 0 when the driver cannot say.
+  static int max_active_blocks_per_sm(CUfunction f, unsigned threads, unsigned shared_mem);
   // `params`: one pointer per kernel parameter, to its value (cuLaunchKernel's kernelParams).
   static void launch(CUfunction f, const unsigned grid[3], const unsigned block[3],
                      unsigned shared_mem, CUstream stream, void** params);

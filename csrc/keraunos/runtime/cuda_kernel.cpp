@@ -66,6 +66,18 @@ CompiledCudaKernel::CompiledCudaKernel(codegen::CudaKernelSource source, const s
     fit(fn_, launch_);
     if (fn_vec_) fit(fn_vec_, launch_vec_);
   }
+  if (source_.fit_blocks > 0) {
+    // Persistent blocks: as many as fit on the device at once walk the rows.
+    auto fit = [&](CUfunction f, codegen::CudaLaunch& l) {
+      const int n = CudaModule::max_active_blocks_per_sm(f, l.block[0] * l.block[1] * l.block[2],
+                                                         l.shared_mem);
+      if (n > 0)
+        l.grid[0] = std::min(l.grid[0], static_cast<unsigned>(n) *
+                                            static_cast<unsigned>(source_.fit_blocks));
+    };
+    fit(fn_, launch_);
+    if (fn_vec_) fit(fn_vec_, launch_vec_);
+  }
 }
 
 std::shared_ptr<CompiledCudaKernel> compile_cuda_kernel(const kir::Kernel& k, int device) {
