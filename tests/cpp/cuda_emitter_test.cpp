@@ -715,6 +715,11 @@ TEST(CudaEmitter, ClustersSumAVarianceInOneRound) {
   EXPECT_EQ(count(uneven.source, "kr_cluster_moments_async<512"), 0u);
   EXPECT_EQ(count(vec_kernel(uneven), "kr_cluster_allreduce_async<KR_SUM, 512, 16, float>"), 2u)
       << vec_kernel(uneven);
+  // A store in the deviation loop would write values of the thread's own mean: two rounds.
+  Kernel stores = layer_norm(512, 262144);
+  stores.body[0].loop->body[4].loop->body.push_back(
+      kir::Stmt::of(kir::Store{3, stores.body[0].loop->body[4].loop->body[0].load.index, "v3"}));
+  EXPECT_EQ(count(kernels(emit_cuda(stores, kH200)), "kr_cluster_moments_async"), 0u);
   // Without the lowering's mark the loops are two plain sums.
   Kernel plain = layer_norm(512, 262144);
   plain.body[0].loop->body[4].loop->deviations.reset();
@@ -794,4 +799,10 @@ TEST(CudaEmitter, TuningKnobs) {
   EXPECT_THROW(codegen::apply_cuda_tuning(d, "threads=3"), std::exception);
   EXPECT_THROW(codegen::apply_cuda_tuning(d, "max_cluster=x"), std::exception);
   EXPECT_THROW(codegen::apply_cuda_tuning(d, "max_cluster"), std::exception);
+  codegen::apply_cuda_tuning(d, "cluster_merge_variance=0,block_persist=7,reuse_values=0");
+  EXPECT_EQ(d.cluster_merge_variance, 0);
+  EXPECT_EQ(d.block_persist, 1);
+  EXPECT_EQ(d.reuse_values, 0);
+  EXPECT_EQ(d.cluster_prefetch, 1) << "other switches keep their defaults";
+  EXPECT_THROW(codegen::apply_cuda_tuning(d, "cluster_hoist_kb=300"), std::exception);
 }

@@ -936,8 +936,8 @@ void emit_prefetch(Emitter& e, const BlockPlan& plan, const RegisterCache& cache
 //    weighs them by their counts: every thread must hold as many values.
 //  - ExpSum: softmax's max, then the sum of exp(x - max) (the lowering's casts aside); pairs
 //    merge by rescaling to the larger max (kr_cluster_expsum_async), for any counts.
-// Float accumulators, loops of one shape over the same values, and a second loop that reads no
-// let between them but the one that carries the first loop's result.
+// Float accumulators, loops of one shape over the same values, and a second loop that stores
+// nothing and reads no let between them but the one that carries the first loop's result.
 struct MergedPair {
   enum class Kind { Moments, ExpSum } kind;
   const Stmt* first_loop;
@@ -1094,7 +1094,8 @@ std::vector<MergedPair> merged_pairs(const Emitter& e, const std::vector<LoopNes
     } else {
       continue;
     }
-    // The second loop reads no let between the loops but the carrier.
+    // The second loop reads no let between the loops but the carrier, and its accumulator is
+    // all it leaves (a store would write values computed on the thread's own first result).
     bool reads_between = false;
     auto check = [&](const std::string& expr) {
       kir::map_identifiers(expr, [&](const std::string& id) {
@@ -1105,7 +1106,7 @@ std::vector<MergedPair> merged_pairs(const Emitter& e, const std::vector<LoopNes
     visit(s.loop->body, [&](const Stmt& b) {
       if (b.kind == Stmt::Kind::Let) check(b.let.expr);
       if (b.kind == Stmt::Kind::Load) check(b.load.index.opaque);
-      if (b.kind == Stmt::Kind::Store) check(b.store.index.opaque);
+      reads_between |= b.kind == Stmt::Kind::Store;
     });
     if (!reads_between) pairs.push_back(p);
   }
@@ -1541,6 +1542,15 @@ int64_t pow2_ceil(int64_t x) {
 } // namespace
 
 void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
+  // On/off keys: a nonzero value turns them on.
+  static const std::pair<const char*, int CudaDeviceInfo::*> kSwitches[] = {
+      {"block_persist", &CudaDeviceInfo::block_persist},
+      {"cluster_merge_variance", &CudaDeviceInfo::cluster_merge_variance},
+      {"cluster_merge_softmax", &CudaDeviceInfo::cluster_merge_softmax},
+      {"cluster_prefetch", &CudaDeviceInfo::cluster_prefetch},
+      {"cluster_async_reduce", &CudaDeviceInfo::cluster_async_reduce},
+      {"reuse_values", &CudaDeviceInfo::reuse_values},
+  };
   std::istringstream items(spec);
   for (std::string item; std::getline(items, item, ',');) {
     if (item.empty()) continue;
@@ -1567,12 +1577,10 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
     } else if (key == "pointwise_vec") {
       KR_CHECK(pow2_in(1, 16), Value, "KERAUNOS_CUDA_TUNE: pointwise_vec must be 1, 2, 4, 8 or 16");
       info.pointwise_vec = v;
-    } else if (key == "block_persist") {
-      info.block_persist = v != 0;
-    } else if (key == "cluster_merge_variance") {
-      info.cluster_merge_variance = v != 0;
-    } else if (key == "cluster_merge_softmax") {
-      info.cluster_merge_softmax = v != 0;
+    } else if (auto sw = std::find_if(std::begin(kSwitches), std::end(kSwitches),
+                                      [&](const auto& s) { return key == s.first; });
+               sw != std::end(kSwitches)) {
+      info.*(sw->second) = v != 0;
     } else if (key == "cluster_hoist_kb") {
       KR_CHECK(v >= 0 && v <= 227, Value, "KERAUNOS_CUDA_TUNE: cluster_hoist_kb is 0..227");
       info.cluster_hoist_kb = v;
@@ -1591,12 +1599,6 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
     } else if (key == "cluster_persist") {
       KR_CHECK(v >= -1, Value, "KERAUNOS_CUDA_TUNE: cluster_persist is -1 (fit), 0 or a count");
       info.cluster_persist = v;
-    } else if (key == "cluster_prefetch") {
-      info.cluster_prefetch = v != 0;
-    } else if (key == "cluster_async_reduce") {
-      info.cluster_async_reduce = v != 0;
-    } else if (key == "reuse_values") {
-      info.reuse_values = v != 0;
     } else {
       KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
                     "' (block_threads, block_min_blocks, block_persist, pointwise_vec, cluster_hoist_kb, cluster_merge_variance, cluster_merge_softmax, cluster_threads, max_cluster, cluster_reg_values, "
