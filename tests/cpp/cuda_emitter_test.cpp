@@ -726,6 +726,74 @@ TEST(CudaEmitter, ClustersSumAVarianceInOneRound) {
   EXPECT_EQ(count(emit_cuda(plain, kH200).source, "kr_cluster_moments_async<512"), 0u);
 }
 
+// Pairs the one-round merge must refuse (found in review): nests whose threads run an inner
+// loop serially (a let of the outer reduce variable hoisted between them: each thread holds
+// 2 * extent / threads values, not extent / threads), and a loop that is the second of one pair
+// and the first of another (var(exp(x - amax(x))) with the softmax merge on).
+TEST(CudaEmitter, OneRoundMergesRefuseUnevenNestsAndChains) {
+  {
+    const int64_t rows = 64, e1 = 32768, e2 = 2;
+    Kernel k;
+    k.name = "varn";
+    k.device = DeviceType::CUDA;
+    k.buffers = {buffer("in0", F32, false, {rows, e1, e2}), buffer("out0", F32, true, {rows})};
+    auto ix = [&](const char* a, const char* b) {
+      return idx({{"i0", e1 * e2}, {a, e2}, {b, 1}});
+    };
+    const std::string n = std::to_string(e1 * e2) + ".0f";
+    k.body = {par(
+        "i0", rows,
+        {acc("a0", F32, ReduceOp::Sum),
+         red("r0", e1,
+             {red("r1", e2,
+                  {load("v0", F32, 0, ix("r0", "r1")), let("vi", F32, "(float)(r0)"),
+                   let("vx", F32, "(v0 + vi)"), update("a0", ReduceOp::Sum, "vx")})}),
+         let("v1", F32, "(a0 / " + n + ")"), acc("a1", F32, ReduceOp::Sum),
+         red("r2", e1,
+             {red("r3", e2,
+                  {load("v2", F32, 0, ix("r2", "r3")), let("vj", F32, "(float)(r2)"),
+                   let("vy", F32, "(v2 + vj)"), let("v3", F32, "((float)(vy) - v1)"),
+                   let("v4", F32, "v3 * v3"), update("a1", ReduceOp::Sum, "v4")})}),
+         let("v5", F32, "(a1 / " + n + ")"), store(1, idx({{"i0", 1}}), "v5")})};
+    k.body[0].loop->body[4].loop->deviations = kir::Loop::Deviations{"a0", "v1"};
+    kir::hoist_invariants(k.body); // (float)(r0) moves out of r1: r0's body holds a loop
+    const CudaKernelSource s = emit_cuda(k, kH200);
+    ASSERT_EQ(s.schedule, "cluster");
+    EXPECT_EQ(count(kernels(s), "kr_cluster_moments_async"), 0u) << kernels(s);
+    EXPECT_COMPILES(k);
+  }
+  {
+    const int64_t rows = 64, cols = 262144;
+    Kernel k;
+    k.name = "vexp";
+    k.device = DeviceType::CUDA;
+    k.buffers = {buffer("in0", F32, false, {rows, cols}), buffer("out0", F32, true, {rows})};
+    auto row = [&](const char* v) { return idx({{"i0", cols}, {v, 1}}); };
+    const std::string n = std::to_string(cols) + ".0f";
+    k.body = {par(
+        "i0", rows,
+        {acc("a0", F32, ReduceOp::Max),
+         red("r0", cols, {load("v0", F32, 0, row("r0")), update("a0", ReduceOp::Max, "v0")}),
+         acc("a1", F32, ReduceOp::Sum),
+         red("r1", cols,
+             {load("v1", F32, 0, row("r1")), let("v2", F32, "kr_exp((v1 - a0))"),
+              update("a1", ReduceOp::Sum, "v2")}),
+         let("v6", F32, "(a1 / " + n + ")"), acc("a2", F32, ReduceOp::Sum),
+         red("r2", cols,
+             {load("v7", F32, 0, row("r2")), let("v8", F32, "kr_exp((v7 - a0))"),
+              let("v9", F32, "((float)(v8) - v6)"), let("v10", F32, "v9 * v9"),
+              update("a2", ReduceOp::Sum, "v10")}),
+         let("v11", F32, "(a2 / " + n + ")"), store(1, idx({{"i0", 1}}), "v11")})};
+    k.body[0].loop->body[6].loop->deviations = kir::Loop::Deviations{"a1", "v6"};
+    codegen::CudaDeviceInfo on;
+    codegen::apply_cuda_tuning(on, "cluster_merge_softmax=1");
+    const std::string src = kernels(emit_cuda(k, on));
+    EXPECT_EQ(count(src, "kr_cluster_expsum_async<"), 2u) << "the first pair, both entries";
+    EXPECT_EQ(count(src, "kr_cluster_moments_async<"), 0u) << src;
+    EXPECT_COMPILES_WITH(k, on);
+  }
+}
+
 // Softmax's max and sum of exp(x - max) in one cluster round (cluster_merge_softmax=1; off by
 // default): each thread's max and the sum of exp(x - its own max) merge across the cluster
 // (rescaled to the larger max), for any counts; the output loop reads the merged max and sum.

@@ -199,6 +199,15 @@ def test_long_row_variance(cols, reduce, monkeypatch):
     )
 
 
+def test_variance_over_nested_dims():
+    # Variances over two dims of rows long enough for clusters: plain, and with a reduction
+    # nested in each pass (the nests hold loops: two rounds; CudaEmitter.OneRoundMerges...).
+    def f(x):
+        return x.var(dim=(1, 2)), (x * 2 + x.sum(-1, keepdim=True)).var(dim=(1, 2))
+
+    check(f, r(6, 32768, 2), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("rows", [1, 700, 5000])
 def test_persistent_blocks(rows, monkeypatch):
     # block_persist=1: as many blocks as fit walk the rows (fewer, as many, more rows than

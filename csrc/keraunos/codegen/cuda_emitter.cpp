@@ -1043,7 +1043,18 @@ std::vector<MergedPair> merged_pairs(const Emitter& e, const std::vector<LoopNes
     if (e.acc_dtype(a1) != DType::Float32 || e.acc_dtype(a2) != DType::Float32) continue;
     const size_t n1 = nest_of_stmt.at(&first), n2 = nest_of_stmt.at(&s);
     const LoopNest &na = nests[n1], &nb = nests[n2];
-    if (na.extent != nb.extent || na.loops.size() != nb.loops.size() || vecs[n1] != vecs[n2])
+    // Whole nests: a loop left in a nest's body (a let hoisted between nested reduce loops)
+    // runs serially in each thread, which then holds more values than extent / threads.
+    auto holds_loop = [](const LoopNest& n) {
+      return std::any_of(n.body->begin(), n.body->end(),
+                         [](const Stmt& b) { return b.kind == Stmt::Kind::Loop; });
+    };
+    if (na.extent != nb.extent || na.loops.size() != nb.loops.size() || vecs[n1] != vecs[n2] ||
+        holds_loop(na) || holds_loop(nb))
+      continue;
+    // A loop is in one pair at most (the second of one pair may not open another).
+    if (std::any_of(pairs.begin(), pairs.end(),
+                    [&](const MergedPair& q) { return q.second_loop == &first; }))
       continue;
     MergedPair p{MergedPair::Kind::Moments, &first, &s, a1, a2, "", "", lets};
     if (variance && s.loop->deviations && s.loop->deviations->sum == a1 &&
