@@ -1049,9 +1049,11 @@ std::vector<MergedPair> merged_pairs(const Emitter& e, const std::vector<LoopNes
       return std::any_of(n.body->begin(), n.body->end(),
                          [](const Stmt& b) { return b.kind == Stmt::Kind::Loop; });
     };
-    if (na.extent != nb.extent || na.loops.size() != nb.loops.size() || vecs[n1] != vecs[n2] ||
-        holds_loop(na) || holds_loop(nb))
-      continue;
+    auto same_loops = [](const LoopNest& a, const LoopNest& b) {
+      return std::equal(a.loops.begin(), a.loops.end(), b.loops.begin(), b.loops.end(),
+                        [](const Loop* x, const Loop* y) { return x->extent == y->extent; });
+    };
+    if (!same_loops(na, nb) || vecs[n1] != vecs[n2] || holds_loop(na) || holds_loop(nb)) continue;
     // A loop is in one pair at most (the second of one pair may not open another).
     if (std::any_of(pairs.begin(), pairs.end(),
                     [&](const MergedPair& q) { return q.second_loop == &first; }))
