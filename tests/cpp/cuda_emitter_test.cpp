@@ -763,28 +763,23 @@ TEST(CudaEmitter, OneRoundMergesRefuseUnevenNestsAndChains) {
     EXPECT_COMPILES(k);
   }
   {
+    // var(exp(x - amax(x))) per row: softmax's max and sum loops, then the deviations loop in
+    // place of softmax's output loop.
     const int64_t rows = 64, cols = 262144;
-    Kernel k;
-    k.name = "vexp";
-    k.device = DeviceType::CUDA;
-    k.buffers = {buffer("in0", F32, false, {rows, cols}), buffer("out0", F32, true, {rows})};
-    auto row = [&](const char* v) { return idx({{"i0", cols}, {v, 1}}); };
+    Kernel k = softmax(rows, cols);
+    k.buffers[1] = buffer("out0", F32, true, {rows});
     const std::string n = std::to_string(cols) + ".0f";
-    k.body = {par(
-        "i0", rows,
-        {acc("a0", F32, ReduceOp::Max),
-         red("r0", cols, {load("v0", F32, 0, row("r0")), update("a0", ReduceOp::Max, "v0")}),
-         acc("a1", F32, ReduceOp::Sum),
-         red("r1", cols,
-             {load("v1", F32, 0, row("r1")), let("v2", F32, "kr_exp((v1 - a0))"),
-              update("a1", ReduceOp::Sum, "v2")}),
-         let("v6", F32, "(a1 / " + n + ")"), acc("a2", F32, ReduceOp::Sum),
-         red("r2", cols,
-             {load("v7", F32, 0, row("r2")), let("v8", F32, "kr_exp((v7 - a0))"),
-              let("v9", F32, "((float)(v8) - v6)"), let("v10", F32, "v9 * v9"),
-              update("a2", ReduceOp::Sum, "v10")}),
-         let("v11", F32, "(a2 / " + n + ")"), store(1, idx({{"i0", 1}}), "v11")})};
-    k.body[0].loop->body[6].loop->deviations = kir::Loop::Deviations{"a1", "v6"};
+    Block& point = k.body[0].loop->body;
+    point.pop_back();
+    for (Stmt& st :
+         Block{let("v6", F32, "(a1 / " + n + ")"), acc("a2", F32, ReduceOp::Sum),
+               red("r2", cols,
+                   {load("v7", F32, 0, idx({{"i0", cols}, {"r2", 1}})),
+                    let("v8", F32, "kr_exp((v7 - a0))"), let("v9", F32, "((float)(v8) - v6)"),
+                    let("v10", F32, "v9 * v9"), update("a2", ReduceOp::Sum, "v10")}),
+               let("v11", F32, "(a2 / " + n + ")"), store(1, idx({{"i0", 1}}), "v11")})
+      point.push_back(std::move(st));
+    point[6].loop->deviations = kir::Loop::Deviations{"a1", "v6"};
     codegen::CudaDeviceInfo on;
     codegen::apply_cuda_tuning(on, "cluster_merge_softmax=1");
     const std::string src = kernels(emit_cuda(k, on));

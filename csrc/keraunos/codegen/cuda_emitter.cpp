@@ -984,11 +984,13 @@ std::vector<MergedPair> merged_pairs(const Emitter& e, const std::vector<LoopNes
                                      bool softmax) {
   std::vector<MergedPair> pairs;
   const Block& point = *e.a.point;
-  // The accumulators a loop updates, with their op.
+  // The accumulators a loop updates, with their update (null: updated more than once).
   auto updates = [](const Block& b) {
-    std::map<std::string, kir::ReduceOp> accs;
+    std::map<std::string, const kir::AccUpdate*> accs;
     visit(b, [&](const Stmt& s) {
-      if (s.kind == Stmt::Kind::AccUpdate) accs.emplace(s.update.var, s.update.op);
+      if (s.kind != Stmt::Kind::AccUpdate) return;
+      auto [it, fresh] = accs.emplace(s.update.var, &s.update);
+      if (!fresh) it->second = nullptr;
     });
     return accs;
   };
@@ -1012,13 +1014,6 @@ std::vector<MergedPair> merged_pairs(const Emitter& e, const std::vector<LoopNes
     }
     return v;
   };
-  auto update_value = [](const Block& b) {
-    std::string v;
-    visit(b, [&](const Stmt& s) {
-      if (s.kind == Stmt::Kind::AccUpdate) v = s.update.value;
-    });
-    return v;
-  };
   for (size_t i = 0; i < point.size(); ++i) {
     const Stmt& s = point[i];
     if (s.kind != Stmt::Kind::Loop || s.loop->kind != LoopKind::Reduce) continue;
@@ -1038,8 +1033,11 @@ std::vector<MergedPair> merged_pairs(const Emitter& e, const std::vector<LoopNes
       continue;
     const Stmt& first = point[j - 1];
     const auto u1 = updates(first.loop->body), u2 = updates(s.loop->body);
-    if (u1.size() != 1 || u2.size() != 1 || u2.begin()->second != kir::ReduceOp::Sum) continue;
+    if (u1.size() != 1 || u2.size() != 1 || !u1.begin()->second || !u2.begin()->second ||
+        u2.begin()->second->op != kir::ReduceOp::Sum)
+      continue;
     const std::string a1 = u1.begin()->first, a2 = u2.begin()->first;
+    const kir::AccUpdate &up1 = *u1.begin()->second, &up2 = *u2.begin()->second;
     if (e.acc_dtype(a1) != DType::Float32 || e.acc_dtype(a2) != DType::Float32) continue;
     const size_t n1 = nest_of_stmt.at(&first), n2 = nest_of_stmt.at(&s);
     const LoopNest &na = nests[n1], &nb = nests[n2];
@@ -1060,19 +1058,19 @@ std::vector<MergedPair> merged_pairs(const Emitter& e, const std::vector<LoopNes
       continue;
     MergedPair p{MergedPair::Kind::Moments, &first, &s, a1, a2, "", "", lets};
     if (variance && s.loop->deviations && s.loop->deviations->sum == a1 &&
-        u1.begin()->second == kir::ReduceOp::Sum && between.count(s.loop->deviations->mean)) {
+        up1.op == kir::ReduceOp::Sum && between.count(s.loop->deviations->mean)) {
       const int64_t units = vecs[n1] > 1 ? na.extent / vecs[n1] : na.extent;
       if (units % rt != 0) continue;
       p.carrier = s.loop->deviations->mean;
       p.count = std::to_string(na.extent / rt) + ".0f";
-    } else if (softmax && u1.begin()->second == kir::ReduceOp::Max) {
+    } else if (softmax && up1.op == kir::ReduceOp::Max) {
       // second: sum of exp(x - m), m a let between that casts a1, x the value of the first loop.
       const auto d1 = defs(first.loop->body), d2 = defs(s.loop->body);
       const auto let_of = [](const std::map<std::string, const Stmt*>& d, const std::string& v) {
         auto it = d.find(v);
         return it != d.end() && it->second->kind == Stmt::Kind::Let ? it->second : nullptr;
       };
-      const Stmt* ex = let_of(d2, resolve(d2, update_value(s.loop->body)));
+      const Stmt* ex = let_of(d2, resolve(d2, up2.value));
       if (!ex) continue;
       const std::string call = strip_float_casts(ex->let.expr);
       if (call.rfind("kr_exp(", 0) != 0 || !closes_at_end(call, 6)) continue;
@@ -1100,7 +1098,7 @@ std::vector<MergedPair> merged_pairs(const Emitter& e, const std::vector<LoopNes
         return std::to_string(it->second->load.buffer) + "|" +
                index_expr(it->second->load.index, canon);
       };
-      const std::string l1 = load_of(d1, resolve(d1, update_value(first.loop->body)), na);
+      const std::string l1 = load_of(d1, resolve(d1, up1.value), na);
       if (l1.empty() || l1 != load_of(d2, resolve(d2, x), nb)) continue;
       p.kind = MergedPair::Kind::ExpSum;
       p.carrier = m;

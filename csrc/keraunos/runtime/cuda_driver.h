@@ -43,7 +43,7 @@ struct CudaDriver {
                              unsigned, unsigned, CUstream, void**, void**);
   CUresult (*cuGetErrorString)(CUresult, const char**);
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
-  // Optional (CUDA 12+; null when the driver lacks it): clusters of a launch resident at once.
+  // Optional (CUDA 11.8+; null when the driver lacks it): clusters of a launch resident at once.
   CUresult (*cuOccupancyMaxActiveClusters)(int*, CUfunction, const void* config);
   // Optional as well (null when absent): blocks of a kernel resident on one SM at once.
   CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);

@@ -55,25 +55,19 @@ CompiledCudaKernel::CompiledCudaKernel(codegen::CudaKernelSource source, const s
     CudaModule::allow_dynamic_shared_memory(fn_vec_, launch_vec_.shared_mem);
     if (source_.cluster > 8) CudaModule::allow_non_portable_cluster(fn_vec_);
   }
-  if (source_.fit_clusters) {
-    // Persistent clusters: no more than fit at once (a cluster launched later would start only
-    // when a whole cluster's worth of SMs is free, after the others walked their rows).
+  if (source_.fit_clusters || source_.fit_blocks > 0) {
+    // Persistent clusters or blocks: no more than fit on the device at once (a cluster launched
+    // later would start only when a whole cluster's worth of SMs is free, after the others
+    // walked their rows). The driver's count is 0 when it cannot say: the grid stays.
     auto fit = [&](CUfunction f, codegen::CudaLaunch& l) {
-      const int n = CudaModule::max_active_clusters(f, l.block, l.shared_mem);
-      if (n > 0)
-        l.grid[0] = std::min(l.grid[0], static_cast<unsigned>(n) * static_cast<unsigned>(source_.cluster));
-    };
-    fit(fn_, launch_);
-    if (fn_vec_) fit(fn_vec_, launch_vec_);
-  }
-  if (source_.fit_blocks > 0) {
-    // Persistent blocks: as many as fit on the device at once walk the rows.
-    auto fit = [&](CUfunction f, codegen::CudaLaunch& l) {
-      const int n = CudaModule::max_active_blocks_per_sm(f, l.block[0] * l.block[1] * l.block[2],
-                                                         l.shared_mem);
-      if (n > 0)
-        l.grid[0] = std::min(l.grid[0], static_cast<unsigned>(n) *
-                                            static_cast<unsigned>(source_.fit_blocks));
+      const unsigned n =
+          source_.fit_clusters
+              ? static_cast<unsigned>(CudaModule::max_active_clusters(f, l.block, l.shared_mem)) *
+                    static_cast<unsigned>(source_.cluster)
+              : static_cast<unsigned>(CudaModule::max_active_blocks_per_sm(
+                    f, l.block[0] * l.block[1] * l.block[2], l.shared_mem)) *
+                    static_cast<unsigned>(source_.fit_blocks);
+      if (n > 0) l.grid[0] = std::min(l.grid[0], n);
     };
     fit(fn_, launch_);
     if (fn_vec_) fit(fn_vec_, launch_vec_);
