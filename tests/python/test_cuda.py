@@ -219,6 +219,22 @@ def test_persistent_blocks(rows, monkeypatch):
     check(lambda x, w, b: (x.softmax(-1), F.layer_norm(x, (8192,), w, b)), xf, w.float(), b)
 
 
+@pytest.mark.parametrize("hints", [0, 1, 2, 4, 7])
+def test_cache_hints(hints, monkeypatch):
+    # cache_hints (7 by default): the block schedule's vector loads and stores with L1 eviction
+    # and streaming hints (rows, row-invariant weights; a row updated in place gets none).
+    monkeypatch.setenv("KERAUNOS_CUDA_TUNE", f"cache_hints={hints}")
+    x, w, b = r(300, 8192, dtype=torch.bfloat16), r(8192, dtype=torch.bfloat16), r(8192)
+    check(lambda x, w: F.rms_norm(x, (8192,), w), x, w)
+    xf = x.float()
+    check(lambda x, w, b: (x.softmax(-1), F.layer_norm(x, (8192,), w, b)), xf, w.float(), b)
+
+    def in_place(x):
+        return x.sub_(x.mean(-1, keepdim=True))
+
+    check(in_place, r(300, 4096))
+
+
 @pytest.mark.parametrize("merge", [1, 0])
 @pytest.mark.parametrize("cols", [262144, 262148])
 def test_long_row_softmax(cols, merge, monkeypatch):

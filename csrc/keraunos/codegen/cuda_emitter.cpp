@@ -299,8 +299,10 @@ std::vector<std::pair<std::string, int64_t>> dims_of(const LoopNest& n) {
 std::string vector_store(Emitter& e, const kir::Buffer& b, const kir::Store& st,
                          const std::string& reg, int lanes,
                          const std::map<std::string, std::string>& base, int d,
-                         std::vector<std::string>& after, const Block& body) {
+                         std::vector<std::string>& after, const Block& body,
+                         bool stream = false) {
   const std::string n = std::to_string(lanes);
+  const std::string store = stream ? "kr_store_vec_cs<" : "kr_store_vec<";
   const std::string ptr = b.name + " + " + index_expr(st.index, base);
   if (b.dtype == DType::BFloat16 && lanes % 2 == 0) {
     std::string value = st.value;
@@ -313,14 +315,14 @@ std::string vector_store(Emitter& e, const kir::Buffer& b, const kir::Store& st,
         value = s.let.expr.substr(kOpen.size(),
                                   s.let.expr.size() - kOpen.size() - kClose.size());
     e.out.line(d, "float " + reg + "[" + n + "];");
-    after.push_back("kr_store_vec<unsigned, " + std::to_string(lanes / 2) +
+    after.push_back(store + "unsigned, " + std::to_string(lanes / 2) +
                     ">(reinterpret_cast<unsigned*>(" + ptr + "), kr_pack_bf16<" + n + ">(" + reg +
                     "));");
     return reg + "[kr_l] = (float)(" + value + ");";
   }
   const std::string t = kir::ctype(b.dtype);
   e.out.line(d, "kr_vec<" + t + ", " + n + "> " + reg + ";");
-  after.push_back("kr_store_vec<" + t + ", " + n + ">(" + ptr + ", " + reg + ");");
+  after.push_back(store + t + ", " + n + ">(" + ptr + ", " + reg + ");");
   return reg + ".v[kr_l] = " + store_conv(b.dtype, st.value) + ";";
 }
 
@@ -464,6 +466,7 @@ struct BlockPlan {
   bool merge_variance = false, merge_softmax = false;
   bool reuse_values = true;  // keep expensive values computed again by later loops in registers
   bool persist = false;      // block schedule: persistent blocks (block_persist)
+  int cache_hints = 0;       // CudaDeviceInfo::cache_hints (buffers that do not alias)
   // Persistent clusters: shared memory a block may give to operands every row reads at the same
   // place (layer_norm's weight), copied in once before the first row (0: none).
   int64_t hoist_smem_bytes = 0;
@@ -767,6 +770,8 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
   Out& o = e.out;
   const Kernel& k = e.k;
   const std::string v = nest.loops.back()->var;
+  std::set<std::string> grid_vars;
+  for (const Loop* l : e.a.grid.loops) grid_vars.insert(l->var);
   const std::string lanes = std::to_string(vec);
   const int64_t groups = nest.extent / vec;
   const int64_t trips = (groups + nt - 1) / nt;
@@ -844,8 +849,14 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
       const kir::Buffer& buf = k.buffers.at(b.load.buffer);
       const std::string st = kir::ctype(buf.dtype);
       const std::string reg = "kr_ld" + std::to_string(n++);
-      o.line(d, "const kr_vec<" + st + ", " + lanes + "> " + reg + " = kr_load_vec<" + st + ", " +
-                    lanes + ">(" + buf.name + " + " + index_expr(b.load.index, base) + ");");
+      bool invariant = true;
+      for (const auto& [var, coef] : b.load.index.terms) invariant &= !grid_vars.count(var);
+      const int hint = buf.output || vec * itemsize(buf.dtype) != 16
+                           ? 0
+                           : plan.cache_hints & (invariant ? 2 : 1);
+      o.line(d, "const kr_vec<" + st + ", " + lanes + "> " + reg + " = kr_load_vec" +
+                    (hint ? "_hint<" + std::to_string(hint) + ", " : "<") + st + ", " + lanes +
+                    ">(" + buf.name + " + " + index_expr(b.load.index, base) + ");");
       e.replace[&b] = std::string("const ") + kir::ctype(b.load.dtype) + " " + b.load.var +
                       " = " + load_conv(buf.dtype, b.load.dtype, reg + ".v[kr_l]") + ";";
       if (auto f = cache.first.find(&b); f != cache.first.end() && cache.raw.count(f->second)) {
@@ -855,7 +866,9 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
     } else if (b.kind == Stmt::Kind::Store) {
       const kir::Buffer& buf = k.buffers.at(b.store.buffer);
       const std::string reg = "kr_st" + std::to_string(n++);
-      e.replace[&b] = vector_store(e, buf, b.store, reg, vec, base, d, stores_after, *nest.body);
+      e.replace[&b] = vector_store(e, buf, b.store, reg, vec, base, d, stores_after, *nest.body,
+                                   (plan.cache_hints & 4) != 0 &&
+                                       vec * itemsize(buf.dtype) == 16);
     }
   }
   o.line(d, "#pragma unroll");
@@ -1585,6 +1598,9 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
     } else if (key == "block_min_blocks") {
       KR_CHECK(v >= 0 && v <= 32, Value, "KERAUNOS_CUDA_TUNE: block_min_blocks is 0..32");
       info.block_min_blocks = v;
+    } else if (key == "cache_hints") {
+      KR_CHECK(v >= 0 && v <= 7, Value, "KERAUNOS_CUDA_TUNE: cache_hints is 0..7 (bits)");
+      info.cache_hints = v;
     } else if (key == "pointwise_vec") {
       KR_CHECK(pow2_in(1, 16), Value, "KERAUNOS_CUDA_TUNE: pointwise_vec must be 1, 2, 4, 8 or 16");
       info.pointwise_vec = v;
@@ -1612,7 +1628,7 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       info.cluster_persist = v;
     } else {
       KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
-                    "' (block_threads, block_min_blocks, block_persist, pointwise_vec, cluster_hoist_kb, cluster_merge_variance, cluster_merge_softmax, cluster_threads, max_cluster, cluster_reg_values, "
+                    "' (block_threads, block_min_blocks, block_persist, cache_hints, pointwise_vec, cluster_hoist_kb, cluster_merge_variance, cluster_merge_softmax, cluster_threads, max_cluster, cluster_reg_values, "
                     "cluster_smem_bytes, cluster_persist, cluster_prefetch, cluster_async_reduce, reuse_values)");
     }
   }
@@ -1732,6 +1748,7 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
         plan.reg_values = register_cache_max(plan.threads);
         plan.min_blocks = dev.block_min_blocks;
         plan.persist = dev.block_persist != 0;
+        plan.cache_hints = k.noalias ? dev.cache_hints : 0;
         plan.prefetch = plan.persist;
       }
       r.launch.block[0] = static_cast<unsigned>(plan.threads);

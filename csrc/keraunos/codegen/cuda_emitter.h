@@ -61,8 +61,17 @@ struct CudaDeviceInfo {
   int block_min_blocks = 0;     // block schedule, vector entry: __launch_bounds__'s blocks per SM
   // Block schedule: as many blocks as fit walk the rows, a row that one loop reads after its
   // reduction prefetched into registers during the current row's last loop, as the clusters do
-  // (0: a block per row). Not yet measured on a GPU.
+  // (0: a block per row). Slower on an H200 (session 7, x copy): bf16 rms_norm 16384x8192 0.88
+  // against 0.95, softmax and layer_norm 8k 0.88 / 0.91 against 0.96 / 0.98.
   int block_persist = 0;
+  // Block schedule: cache hints of the vectorized row loops (bits; 0: none): 1, loads of the row
+  // read once (L1::evict_first); 2, loads every row reads at the same place (L1::evict_last,
+  // rms_norm's weight); 4, stores streamed (st.global.cs). Kernels whose buffers do not alias
+  // only. On an H200, keraunos / torch.compile time over 2-4 runs (session 7), bf16 rms_norm
+  // 16384x8192 (HF, F.rms_norm) and f32 softmax: none 1.004-1.019 / 1.004-1.016 / 0.879-0.885;
+  // 1 alone 1.056 / 1.047; 2 alone 1.014 / 1.013; 4 alone 1.012-1.016 / 1.008-1.009 / 0.882;
+  // 5 1.006 / 1.002 / 0.869; 6 1.007 / 0.997 / 0.880; all 0.995-1.004 / 0.985-1.002 / 0.869-0.870.
+  int cache_hints = 7;
   int pointwise_vec = 16;       // pointwise schedule: at most this many lanes per vector access
   // Persistent clusters: KB of shared memory per block for row-invariant operands (0: none).
   // On an H200, layer_norm on rows of 256k (x copy): 0 KB 0.83, 64 (the weight) 0.86, 72 0.87,
