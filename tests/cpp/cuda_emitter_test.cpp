@@ -394,7 +394,8 @@ TEST(CudaEmitter, BlockRmsNormBFloat16IsVectorized) {
                      "(kr_k * 8 + kr_l) & 1));")) << v;
   EXPECT_TRUE(has(v, "kr_load_vec_hint<2, uint16_t, 8>(in1 + kr_vb)")) << "the weight: " << v;
   EXPECT_TRUE(has(v, "kr_st1[kr_l] = (float)(v5);")) << v;
-  EXPECT_TRUE(has(v, "kr_store_vec_cs<unsigned, 4>(reinterpret_cast<unsigned*>(out0 + 8192 * i0 + kr_vb), "
+  EXPECT_TRUE(has(v, "kr_store_vec_cs<unsigned, 4>(reinterpret_cast<unsigned*>(out0 + 8192 * i0 "
+                     "+ kr_vb), "
                      "kr_pack_bf16<8>(kr_st1));")) << v;
   EXPECT_TRUE(has(v, "const int r0 = kr_vb + kr_l;")) << v;
   EXPECT_TRUE(has(v, "a0 = kr_block_allreduce<KR_SUM, 256, float>(a0, kr_smem);")) << v;
@@ -450,7 +451,8 @@ TEST(CudaEmitter, BlockVectorizationShapes) {
   {
     const CudaKernelSource s = emit_cuda(layer_norm(16384, 8192, DType::Float16), kH200);
     EXPECT_EQ(s.vec, 8);
-    EXPECT_TRUE(has(vec_kernel(s), "kr_load_vec_hint<2, uint16_t, 8>(in2 + kr_vb)")) << vec_kernel(s);
+    EXPECT_TRUE(has(vec_kernel(s), "kr_load_vec_hint<2, uint16_t, 8>(in2 + kr_vb)"))
+        << vec_kernel(s);
     EXPECT_COMPILES(layer_norm(16384, 8192, DType::Float16));
   }
   {
@@ -828,7 +830,8 @@ TEST(CudaEmitter, ClustersMergeSoftmaxMaxAndSumInOneRound) {
 
 // cache_hints (7 by default): the block schedule's 16-byte row loads evict first from L1, loads
 // every row makes at the same place (the weight) evict last, stores stream (st.global.cs); none
-// when an output may alias an input, none with cache_hints=0; bits one at a time.
+// when an output may alias an input, before sm_70, in the other schedules, or with
+// cache_hints=0; bits one at a time; compiled for sm_75 / sm_80 / sm_90.
 TEST(CudaEmitter, BlockRowsCarryCacheHints) {
   const Kernel k = rms_norm_rows(16384, 8192, DType::BFloat16);
   const std::string v = vec_kernel(emit_cuda(k, kH200));
@@ -836,11 +839,22 @@ TEST(CudaEmitter, BlockRowsCarryCacheHints) {
   EXPECT_EQ(count(v, "kr_load_vec_hint<2, uint16_t, 8>(in1 + kr_vb)"), 1u) << v;
   EXPECT_EQ(count(v, "kr_store_vec_cs<unsigned, 4>("), 1u) << v;
   EXPECT_FALSE(has(v, "kr_load_vec<")) << v;
+  auto hinted = [](const CudaKernelSource& s) {
+    return has(kernels(s), "_hint<") || has(kernels(s), "kr_store_vec_cs<");
+  };
+  // Made by hand: the traces reinplace only kernels without reductions (not block kernels).
   Kernel aliased = k;
   aliased.noalias = false;
-  const std::string a = vec_kernel(emit_cuda(aliased, kH200));
-  EXPECT_TRUE(has(a, "kr_load_vec<uint16_t, 8>(in0 + 8192 * i0 + kr_vb)")) << a;
-  EXPECT_FALSE(has(a, "_hint<") || has(a, "kr_store_vec_cs")) << a;
+  EXPECT_FALSE(hinted(emit_cuda(aliased, kH200))) << kernels(emit_cuda(aliased, kH200));
+  codegen::CudaDeviceInfo pascal;
+  pascal.major = 6;
+  EXPECT_FALSE(hinted(emit_cuda(k, pascal)));
+  const CudaKernelSource warp = emit_cuda(softmax(100000, 128), kH200);
+  const CudaKernelSource cluster = emit_cuda(softmax(512, 262144), kH200);
+  ASSERT_EQ(warp.schedule, "warp");
+  ASSERT_EQ(cluster.schedule, "cluster");
+  EXPECT_FALSE(hinted(warp)) << kernels(warp);
+  EXPECT_FALSE(hinted(cluster)) << kernels(cluster);
   for (const char* spec : {"cache_hints=0", "cache_hints=1", "cache_hints=2", "cache_hints=4"}) {
     SCOPED_TRACE(spec);
     codegen::CudaDeviceInfo d;
@@ -853,6 +867,11 @@ TEST(CudaEmitter, BlockRowsCarryCacheHints) {
   }
   EXPECT_COMPILES_WITH(aliased, kH200);
   EXPECT_COMPILES(k);
+  for (int arch : {75, 80}) {
+    SCOPED_TRACE(arch);
+    const std::string cubin = runtime::compile_cuda(emit_cuda(k, kH200).source, k.name, arch).cubin;
+    EXPECT_EQ(cubin.substr(0, 4), "\x7f" "ELF");
+  }
 }
 
 // block_persist=1 (off: measured slower on an H200, bf16 rms_norm 16384x8192 0.88 of copy
@@ -876,7 +895,8 @@ TEST(CudaEmitter, PersistentBlocksPrefetchTheNextRow) {
   EXPECT_EQ(count(v, next), 2u) << "the first row before the loop, then each next row: " << v;
   EXPECT_EQ(count(v, "kr_put_words<8>(kr_c0 + (kr_k * 8) / 2, kr_pf0);"), 2u) << v;
   EXPECT_TRUE(has(v, "const unsigned kr_pn = kr_p + (unsigned)gridDim.x;")) << v;
-  EXPECT_LT(v.find("kr_store_vec_cs<unsigned, 4>(reinterpret_cast<unsigned*>(out0"), v.rfind(next)) << v;
+  EXPECT_LT(v.find("kr_store_vec_cs<unsigned, 4>(reinterpret_cast<unsigned*>(out0"), v.rfind(next))
+      << v;
   EXPECT_COMPILES_WITH(k, d);
 }
 
@@ -898,4 +918,5 @@ TEST(CudaEmitter, TuningKnobs) {
   EXPECT_EQ(d.reuse_values, 0);
   EXPECT_EQ(d.cluster_prefetch, 1) << "other switches keep their defaults";
   EXPECT_THROW(codegen::apply_cuda_tuning(d, "cluster_hoist_kb=300"), std::exception);
+  EXPECT_THROW(codegen::apply_cuda_tuning(d, "cache_hints=8"), std::exception);
 }

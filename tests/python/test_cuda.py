@@ -222,10 +222,21 @@ def test_persistent_blocks(rows, monkeypatch):
 @pytest.mark.parametrize("hints", [0, 1, 2, 4, 7])
 def test_cache_hints(hints, monkeypatch):
     # cache_hints (7 by default): the block schedule's vector loads and stores with L1 eviction
-    # and streaming hints (rows, row-invariant weights; a row updated in place gets none).
+    # and streaming hints (rows evict first, row-invariant weights last, stores streamed); also
+    # a row normalized in place (the kernel reads x, its result is copied back into x).
     monkeypatch.setenv("KERAUNOS_CUDA_TUNE", f"cache_hints={hints}")
     x, w, b = r(300, 8192, dtype=torch.bfloat16), r(8192, dtype=torch.bfloat16), r(8192)
-    check(lambda x, w: F.rms_norm(x, (8192,), w), x, w)
+
+    def rms(x, w):
+        return F.rms_norm(x, (8192,), w)
+
+    check(rms, x, w)
+    jf = keraunos.jit(rms)
+    jf(x, w)
+    src = keraunos.last_traces(jf)[-1].kernels[0].source
+    assert ("kr_load_vec_hint<1, uint16_t, 8>(in0" in src) == bool(hints & 1), src
+    assert ("kr_load_vec_hint<2, uint16_t, 8>(in1" in src) == bool(hints & 2), src
+    assert ("kr_store_vec_cs<unsigned, 4>(" in src) == bool(hints & 4), src
     xf = x.float()
     check(lambda x, w, b: (x.softmax(-1), F.layer_norm(x, (8192,), w, b)), xf, w.float(), b)
 

@@ -79,6 +79,15 @@ struct Analysis {
   std::map<std::string, DType> acc_dtypes;
 };
 
+// Whether `ix` reads the same place for every outer point (a row's weight): it uses none of
+// the grid's variables.
+bool row_invariant(const Analysis& a, const Index& ix) {
+  for (const auto& [var, coef] : ix.terms)
+    for (const Loop* l : a.grid.loops)
+      if (l->var == var) return false;
+  return true;
+}
+
 int64_t index_bound(const Index& ix, const std::map<std::string, int64_t>& extents) {
   int64_t bound = ix.constant < 0 ? -ix.constant : ix.constant;
   for (const auto& [var, coef] : ix.terms) {
@@ -770,8 +779,6 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
   Out& o = e.out;
   const Kernel& k = e.k;
   const std::string v = nest.loops.back()->var;
-  std::set<std::string> grid_vars;
-  for (const Loop* l : e.a.grid.loops) grid_vars.insert(l->var);
   const std::string lanes = std::to_string(vec);
   const int64_t groups = nest.extent / vec;
   const int64_t trips = (groups + nt - 1) / nt;
@@ -849,11 +856,9 @@ void emit_vector_nest(Emitter& e, const LoopNest& nest, const BlockPlan& plan, i
       const kir::Buffer& buf = k.buffers.at(b.load.buffer);
       const std::string st = kir::ctype(buf.dtype);
       const std::string reg = "kr_ld" + std::to_string(n++);
-      bool invariant = true;
-      for (const auto& [var, coef] : b.load.index.terms) invariant &= !grid_vars.count(var);
       const int hint = buf.output || vec * itemsize(buf.dtype) != 16
                            ? 0
-                           : plan.cache_hints & (invariant ? 2 : 1);
+                           : plan.cache_hints & (row_invariant(e.a, b.load.index) ? 2 : 1);
       o.line(d, "const kr_vec<" + st + ", " + lanes + "> " + reg + " = kr_load_vec" +
                     (hint ? "_hint<" + std::to_string(hint) + ", " : "<") + st + ", " + lanes +
                     ">(" + buf.name + " + " + index_expr(b.load.index, base) + ");");
@@ -1182,8 +1187,6 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
   };
   std::vector<Hoist> hoists;
   if (cl > 1 && plan.hoist_smem_bytes > 0 && !vecs_in.empty() && e.k.noalias && !cache.smem) {
-    std::set<std::string> grid_vars;
-    for (const Loop* l : a.grid.loops) grid_vars.insert(l->var);
     std::map<std::string, std::string> by_key;
     int64_t used = 0;
     for (size_t n = 0; n < nests.size(); ++n) {
@@ -1194,9 +1197,7 @@ void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& pla
         if (b.kind != Stmt::Kind::Load || cache.first.count(&b) || cache.reuse.count(&b) ||
             !vector_access(b.load.index, nest) || vec * itemsize(b.load.dtype) != 16)
           continue;
-        bool invariant = true;
-        for (const auto& [var, coef] : b.load.index.terms) invariant &= !grid_vars.count(var);
-        if (!invariant) continue;
+        if (!row_invariant(a, b.load.index)) continue;
         const std::string key = std::to_string(b.load.buffer) + "|" +
                                 index_expr(b.load.index, {{nest.loops.back()->var, "@"}}) + "|" +
                                 std::to_string(nest.extent) + "|" + std::to_string(vec);
@@ -1628,7 +1629,9 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       info.cluster_persist = v;
     } else {
       KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
-                    "' (block_threads, block_min_blocks, block_persist, cache_hints, pointwise_vec, cluster_hoist_kb, cluster_merge_variance, cluster_merge_softmax, cluster_threads, max_cluster, cluster_reg_values, "
+                    "' (block_threads, block_min_blocks, block_persist, cache_hints, pointwise_vec, "
+                    "cluster_hoist_kb, cluster_merge_variance, cluster_merge_softmax, "
+                    "cluster_threads, max_cluster, cluster_reg_values, "
                     "cluster_smem_bytes, cluster_persist, cluster_prefetch, cluster_async_reduce, reuse_values)");
     }
   }
@@ -1748,7 +1751,8 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
         plan.reg_values = register_cache_max(plan.threads);
         plan.min_blocks = dev.block_min_blocks;
         plan.persist = dev.block_persist != 0;
-        plan.cache_hints = k.noalias ? dev.cache_hints : 0;
+        // Eviction priorities are PTX 7.4 on sm_70+ (the stores' .cs is older; one gate).
+        plan.cache_hints = k.noalias && dev.major >= 7 ? dev.cache_hints : 0;
         plan.prefetch = plan.persist;
       }
       r.launch.block[0] = static_cast<unsigned>(plan.threads);

@@ -493,7 +493,11 @@ template <class T, int N> KR_DEVICE void kr_store_vec(T* p, const kr_vec<T, N>& 
 // The same with cache hints (16-byte vectors; others are plain accesses), for buffers that no
 // other pointer of the kernel writes: H = 1, a line read once (L1::evict_first); H = 2, a line
 // read again by later rows (L1::evict_last). kr_store_vec_cs streams (st.global.cs).
+// (The emitter asks for them on sm_70+ and 16-byte vectors only; the fallbacks keep the helpers
+// valid for any T, N, device and NVRTC.)
 template <int H, class T, int N> KR_DEVICE kr_vec<T, N> kr_load_vec_hint(const T* p) {
+  static_assert(H == 1 || H == 2, "kr_load_vec_hint: H is 1 (evict first) or 2 (evict last)");
+#if __CUDA_ARCH__ >= 700 && (__CUDACC_VER_MAJOR__ > 11 || __CUDACC_VER_MINOR__ >= 4) // PTX 7.4
   if constexpr (sizeof(kr_vec<T, N>) == 16) {
     kr_vec<unsigned, 4> r;
     if constexpr (H == 1)
@@ -503,9 +507,9 @@ template <int H, class T, int N> KR_DEVICE kr_vec<T, N> kr_load_vec_hint(const T
       asm("ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
           : "=r"(r.v[0]), "=r"(r.v[1]), "=r"(r.v[2]), "=r"(r.v[3]) : "l"(p));
     return *reinterpret_cast<const kr_vec<T, N>*>(&r);
-  } else {
-    return kr_load_vec<T, N>(p);
   }
+#endif
+  return kr_load_vec<T, N>(p);
 }
 template <class T, int N> KR_DEVICE void kr_store_vec_cs(T* p, const kr_vec<T, N>& v) {
   if constexpr (sizeof(kr_vec<T, N>) == 16) {
