@@ -1,12 +1,11 @@
 """Profiles keraunos' and torch.compile's kernels for one benchmark case under Nsight Compute.
 
 Run under ncu with --profile-from-start off: each function is warmed up, then called once between
-cudaProfilerStart/Stop. Also prints the launch config Inductor's autotuner picked.
+cudaProfilerStart/Stop.
 
   ncu --profile-from-start off --section SpeedOfLight python scripts/dev/profile_rows.py rms_norm_fn
 """
 
-import gc
 import sys
 from pathlib import Path
 
@@ -37,18 +36,6 @@ def main():
         f(*args)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
-    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-
-    for o in gc.get_objects():
-        if isinstance(o, CachingAutotuner):
-            for launcher in o.launchers:
-                print(
-                    "inductor:",
-                    o.fn.__name__,
-                    launcher.config,
-                    "regs",
-                    getattr(launcher, "n_regs", "?"),
-                )
 
 
 if __name__ == "__main__":

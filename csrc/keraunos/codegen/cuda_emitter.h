@@ -66,8 +66,8 @@ struct CudaDeviceInfo {
   int block_persist = 0;
   // Block schedule: cache hints of the vectorized row loops (bits; 0: none): 1, loads of the row
   // read once (L1::evict_first); 2, loads every row reads at the same place (L1::evict_last,
-  // rms_norm's weight); 4, stores streamed (st.global.cs). Kernels whose buffers do not alias
-  // only. On an H200, keraunos / torch.compile time over 2-4 runs (session 7), bf16 rms_norm
+  // rms_norm's weight); 4, stores streamed (st.global.cs). 16-byte accesses of kernels whose
+  // buffers do not alias, on sm_70+, only. On an H200, keraunos / torch.compile time over 2-4 runs (session 7), bf16 rms_norm
   // 16384x8192 (HF, F.rms_norm) and f32 softmax: none 1.004-1.019 / 1.004-1.016 / 0.879-0.885;
   // 1 alone 1.056 / 1.047; 2 alone 1.014 / 1.013; 4 alone 1.012-1.016 / 1.008-1.009 / 0.882;
   // 5 1.006 / 1.002 / 0.869; 6 1.007 / 0.997 / 0.880; all 0.995-1.004 / 0.985-1.002 / 0.869-0.870.

@@ -490,35 +490,31 @@ template <class T, int N> KR_DEVICE kr_vec<T, N> kr_load_vec(const T* p) {
 template <class T, int N> KR_DEVICE void kr_store_vec(T* p, const kr_vec<T, N>& v) {
   *reinterpret_cast<kr_vec<T, N>*>(p) = v;
 }
-// The same with cache hints (16-byte vectors; others are plain accesses), for buffers that no
-// other pointer of the kernel writes: H = 1, a line read once (L1::evict_first); H = 2, a line
-// read again by later rows (L1::evict_last). kr_store_vec_cs streams (st.global.cs).
-// (The emitter asks for them on sm_70+ and 16-byte vectors only; the fallbacks keep the helpers
-// valid for any T, N, device and NVRTC.)
+// The same for 16-byte vectors, with cache hints, for buffers that no other pointer of the
+// kernel writes: H = 1, a line read once (L1::evict_first); H = 2, a line read again by later
+// rows (L1::evict_last). Plain loads before sm_70 or PTX 7.4 (NVRTC 11.4). kr_store_vec_cs
+// streams (st.global.cs).
 template <int H, class T, int N> KR_DEVICE kr_vec<T, N> kr_load_vec_hint(const T* p) {
   static_assert(H == 1 || H == 2, "kr_load_vec_hint: H is 1 (evict first) or 2 (evict last)");
-#if __CUDA_ARCH__ >= 700 && (__CUDACC_VER_MAJOR__ > 11 || __CUDACC_VER_MINOR__ >= 4) // PTX 7.4
-  if constexpr (sizeof(kr_vec<T, N>) == 16) {
-    kr_vec<unsigned, 4> r;
-    if constexpr (H == 1)
-      asm("ld.global.nc.L1::evict_first.v4.u32 {%0, %1, %2, %3}, [%4];"
-          : "=r"(r.v[0]), "=r"(r.v[1]), "=r"(r.v[2]), "=r"(r.v[3]) : "l"(p));
-    else
-      asm("ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
-          : "=r"(r.v[0]), "=r"(r.v[1]), "=r"(r.v[2]), "=r"(r.v[3]) : "l"(p));
-    return *reinterpret_cast<const kr_vec<T, N>*>(&r);
-  }
-#endif
+  static_assert(sizeof(kr_vec<T, N>) == 16, "kr_load_vec_hint: 16-byte vectors");
+#if __CUDA_ARCH__ >= 700 && (__CUDACC_VER_MAJOR__ > 11 || __CUDACC_VER_MINOR__ >= 4)
+  kr_vec<unsigned, 4> r;
+  if constexpr (H == 1)
+    asm("ld.global.nc.L1::evict_first.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.v[0]), "=r"(r.v[1]), "=r"(r.v[2]), "=r"(r.v[3]) : "l"(p));
+  else
+    asm("ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.v[0]), "=r"(r.v[1]), "=r"(r.v[2]), "=r"(r.v[3]) : "l"(p));
+  return *reinterpret_cast<const kr_vec<T, N>*>(&r);
+#else
   return kr_load_vec<T, N>(p);
+#endif
 }
 template <class T, int N> KR_DEVICE void kr_store_vec_cs(T* p, const kr_vec<T, N>& v) {
-  if constexpr (sizeof(kr_vec<T, N>) == 16) {
-    const kr_vec<unsigned, 4> u = *reinterpret_cast<const kr_vec<unsigned, 4>*>(&v);
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
-                 : : "l"(p), "r"(u.v[0]), "r"(u.v[1]), "r"(u.v[2]), "r"(u.v[3]) : "memory");
-  } else {
-    kr_store_vec<T, N>(p, v);
-  }
+  static_assert(sizeof(kr_vec<T, N>) == 16, "kr_store_vec_cs: 16-byte vectors");
+  const kr_vec<unsigned, 4> u = *reinterpret_cast<const kr_vec<unsigned, 4>*>(&v);
+  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
+               : : "l"(p), "r"(u.v[0]), "r"(u.v[1]), "r"(u.v[2]), "r"(u.v[3]) : "memory");
 }
 // Register row caches of float16 / bfloat16 rows keep the stored bits two values to a 32-bit
 // word (value i in the low half of word i / 2 when i is even, else the high half).
