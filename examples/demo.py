@@ -13,10 +13,21 @@ def banner(title):
     print("\n" + "=" * 78 + f"\n{title}\n" + "=" * 78)
 
 
-def show(jf, stages=("acquire", "torch executor")):
-    for t in keraunos.last_traces(jf):
+_FINAL = ("torch executor", "fusion executors")
+
+
+def show(jf, stages=("acquire", *_FINAL), kernel=False):
+    """Prints the acquired trace and the final program (or every stage); with `kernel`, the
+    generated source of the program's first kernel too."""
+    traces = keraunos.last_traces(jf)
+    for t in traces:
         if t.stage in stages or "all" in stages:
             print(t)
+    kernels = getattr(traces[-1], "kernels", [])
+    if kernel and kernels:
+        k = kernels[0]
+        print(f"# generated source of kernel {k.name} ({len(kernels)} kernel(s) in the program):")
+        print(k.source)
 
 
 def bug_report_1():
@@ -41,6 +52,11 @@ def attention(x, wq, wk, wv, ln_w, ln_b):
     return x + torch.softmax(scores, dim=-1) @ v
 
 
+def upsample_block(x):
+    y = torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear")
+    return torch.nn.functional.silu(y) * 0.5 + y
+
+
 def main():
     global DEVICE
     ap = argparse.ArgumentParser()
@@ -48,7 +64,7 @@ def main():
     ap.add_argument("--all-stages", action="store_true", help="print every stage's trace")
     args = ap.parse_args()
     DEVICE = args.device
-    stages = ("all",) if args.all_stages else ("acquire", "torch executor")
+    stages = ("all",) if args.all_stages else ("acquire", *_FINAL)
     print(f"keraunos {keraunos.__version__} on {DEVICE} (torch {torch.__version__})")
 
     banner("1. torch.randn(4).sin_(): no observable effect")
@@ -74,7 +90,7 @@ def main():
     jf = keraunos.jit(mlp)
     out = jf(*inputs)
     print("max |jit - eager| =", (out - mlp(*inputs)).abs().max().item())
-    show(jf, stages)
+    show(jf, stages, kernel=True)
 
     banner("4. an attention block")
     inputs = (mk(2, 16, 32), mk(32, 32), mk(32, 32), mk(32, 32), mk(32), mk(32))
@@ -85,6 +101,13 @@ def main():
     for _ in range(3):
         jf(*inputs)
     print("compile stats:", keraunos.compile_stats(jf))
+
+    banner("5. a call keraunos has no op for runs through torch, kernels fuse around it")
+    jf = keraunos.jit(upsample_block)
+    x = mk(1, 4, 8, 8)
+    out = jf(x)
+    print("max |jit - eager| =", (out - upsample_block(x)).abs().max().item())
+    show(jf, ("torch executor", "fusion executors"))
 
 
 DEVICE = "cpu"

@@ -181,6 +181,10 @@ class Proxy:
         return False
 
     @property
+    def data(self):
+        return handle(torch.Tensor.detach, (self,), {})
+
+    @property
     def T(self):
         return handle(torch.Tensor.permute, (self, tuple(range(self.ndim - 1, -1, -1))), {})
 
@@ -344,10 +348,14 @@ class Tracer:
         self.builder = builder
         self.proxies: dict[str, Proxy] = {}
         self.lifted: list[torch.Tensor] = []
+        # An input requires grad: the program may run under autograd.
+        self.needs_grad = False
+        self.n_recorded = 0
         self._lifted_ids: dict[int, Proxy] = {}
         self._mode = _Mode()
 
     def wrap_input(self, p) -> Proxy:
+        self.needs_grad = self.needs_grad or p.requires_grad
         px = Proxy(p)
         self.proxies[p.name] = px
         return px
@@ -379,13 +387,71 @@ class Tracer:
     def __enter__(self):
         self._prev = current()
         _state.tracer = self
+        _rng_hooks(+1)
         self._mode.__enter__()
         return self
 
     def __exit__(self, *exc):
         self._mode.__exit__(*exc)
+        _rng_hooks(-1)
         _state.tracer = self._prev
         return False
+
+
+# While something is traced, torch.compiler.is_compiling() is True, as under torch.compile and
+# torch.export: libraries (Hugging Face transformers' attention-mask checks, for one) then
+# take their compile-friendly paths instead of branching on tensor values.
+# The generator's Python API is not seen by the torch function protocol. While something is
+# traced, torch.manual_seed is recorded (the program replays it on every call, in order with
+# the random ops around it) and the calls that read or replace the generator's state are
+# refused; outside tracing (or in another thread) the originals run.
+_RNG_LOCK = threading.Lock()
+_rng_depth = 0
+_RNG_ORIGINALS: dict = {}
+_compiling_before = False
+
+
+def _manual_seed_hook(seed):
+    tr = current()
+    if tr is None:
+        return _RNG_ORIGINALS["manual_seed"](seed)
+    if isinstance(seed, Proxy):
+        seed._data_dependent("torch.manual_seed(tensor)")
+    record("manual_seed", "torch.manual_seed", (int(seed),), {})
+    return torch.default_generator
+
+
+def _refused_rng_hook(name):
+    def hook(*args, **kwargs):
+        if current() is None:
+            return _RNG_ORIGINALS[name](*args, **kwargs)
+        raise NotImplementedError(
+            f"keraunos: torch.{name} is not supported inside a jitted function (at {where()}); "
+            "torch.manual_seed is"
+        )
+
+    return hook
+
+
+def _rng_hooks(delta):
+    global _rng_depth, _compiling_before
+    with _RNG_LOCK:
+        _rng_depth += delta
+        if delta > 0 and _rng_depth == 1:
+            _compiling_before = torch.compiler._is_compiling_flag
+            torch.compiler._is_compiling_flag = True
+            hooks = {"manual_seed": _manual_seed_hook}
+            for name in ("seed", "get_rng_state", "set_rng_state", "initial_seed"):
+                hooks[name] = _refused_rng_hook(name)
+            for name, hook in hooks.items():
+                _RNG_ORIGINALS[name] = getattr(torch.random, name)
+                setattr(torch, name, hook)
+                setattr(torch.random, name, hook)
+        elif delta < 0 and _rng_depth == 0:
+            torch.compiler._is_compiling_flag = _compiling_before
+            for name, orig in _RNG_ORIGINALS.items():
+                setattr(torch, name, orig)
+                setattr(torch.random, name, orig)
 
 
 def to_c(x):
@@ -430,6 +496,7 @@ def from_c(x):
 
 
 def handle(func, args, kwargs):
+    from . import fallback
     from .torch_map import lookup
 
     tr = current()
@@ -437,31 +504,71 @@ def handle(func, args, kwargs):
         raise RuntimeError(
             f"keraunos: a traced tensor escaped its jitted function and was used by {callable_name(func)}"
         )
+    if _autocast_on() and _has_proxy(args, kwargs):
+        raise NotImplementedError(
+            f"keraunos: {callable_name(func)} inside a torch.autocast region is not supported "
+            f"yet (at {where()}); run the region outside the jitted function"
+        )
     entry = lookup(func)
     if entry is None:
         if func in _PASSTHROUGH or (func in _METADATA and not _has_proxy(args, kwargs)):
             with torch._C.DisableTorchFunction():
                 return func(*args, **kwargs)
-        raise NotImplementedError(
-            f"keraunos: {callable_name(func)} is not supported yet (at {where()})"
-        )
-    return entry(tr, args, kwargs)
+        return fallback.call(tr, func, args, kwargs)
+    n_before = tr.n_recorded
+    try:
+        return entry(tr, args, kwargs)
+    except (TypeError, NotImplementedError) as e:
+        # A form of the call the mapping does not take (an argument it does not know, a
+        # keyword it refuses): torch runs it, or raises eager's own error for it. Only when
+        # the entry recorded nothing, and not for the core's refusals of what cannot be exact.
+        if getattr(e, "_kr_final", False) or tr.n_recorded != n_before:
+            raise
+        return fallback.call(tr, func, args, kwargs)
+
+
+def _autocast_on() -> bool:
+    with torch._C.DisableTorchFunction():
+        return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
+
+
 
 
 def record(op: str, display: str, args, kwargs):
     """Records one op through the C++ builder and returns proxies."""
     tr = current()
     file, line, fn = user_location()
-    out = tr.builder.call(
-        op,
-        [to_c(a) for a in args],
-        {k: to_c(v) for k, v in kwargs.items()},
-        display,
-        file,
-        line,
-        fn,
-    )
-    return from_c(out)
+    try:
+        out = tr.builder.call(
+            op,
+            [to_c(a) for a in args],
+            {k: to_c(v) for k, v in kwargs.items()},
+            display,
+            file,
+            line,
+            fn,
+        )
+    except NotImplementedError as e:
+        e._kr_final = True  # the core refuses it: no fallback would be exact either
+        raise
+    tr.n_recorded += 1
+    res = from_c(out)
+    if tr.needs_grad and op not in _NO_DETACH and not torch.is_grad_enabled():
+        # Computed with grad mode off (torch.no_grad, set_grad_enabled(False)): eager's result
+        # does not require grad, and autograd must not see through it when the program runs.
+        res = _detached(res)
+    return res
+
+
+_NO_DETACH = {"detach", "copy_", "manual_seed"}
+
+
+def _detached(res):
+    if isinstance(res, Proxy):
+        return record("detach", "torch.Tensor.detach", (res,), {})
+    if isinstance(res, tuple):
+        return tuple(_detached(r) for r in res)
+    return res
 
 
 def _has_proxy(args, kwargs):

@@ -594,6 +594,14 @@ Arg impl_transpose(Builder& b, const Arg::List& a) {
   return Arg(transpose_view(b, x, d0, d1));
 }
 
+Arg impl_detach(Builder& b, const Arg::List& a) {
+  const auto& x = a[0].tensor();
+  auto v = std::const_pointer_cast<TensorProxy>(
+      b.new_view(x, x->shape, x->strides, x->storage_offset));
+  v->requires_grad = false;
+  return Arg(TensorRef(std::move(v)));
+}
+
 Arg impl_t(Builder& b, const Arg::List& a) {
   const auto& x = a[0].tensor();
   KR_CHECK(x->ndim() <= 2, Runtime, "t() expects a tensor with <= 2 dimensions, but self is ",

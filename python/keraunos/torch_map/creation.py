@@ -121,7 +121,13 @@ def _arange(*args, **kwargs):
     end = kwargs.pop("end", None)
     step = kwargs.pop("step", 1)
     if len(args) == 1:
-        end = args[0]
+        # arange(end), or arange(start, end=...)
+        if end is None:
+            end = args[0]
+        else:
+            if start is not None:
+                raise TypeError("arange() got multiple values for argument 'start'")
+            start = args[0]
     elif len(args) == 2:
         start, end = args
     elif len(args) == 3:

@@ -95,6 +95,7 @@ def _view(a, *size, **kw):
 
 
 _reg(T.view, "view", _view, out_ok=False)
+_reg([T.detach, torch.detach], "detach", out_ok=False)
 _reg(T.view_as, "view", lambda a, other: ((a, tuple(other.shape)), {}), out_ok=False)
 
 

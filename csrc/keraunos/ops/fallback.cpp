@@ -1,0 +1,29 @@
+// Torch fallback symbols (see fallback.def): their meta function makes the outputs the
+// frontend measured on fake tensors.
+#include "keraunos/ir/error.h"
+#include "keraunos/ops/builder.h"
+#include "keraunos/ops/op_table.h"
+
+namespace keraunos::ops {
+
+namespace {
+Arg fallback_outputs(Builder& b, const Arg::List& a) {
+  Arg::List outs;
+  for (const auto& m : a[3].list()) {
+    const auto& f = m.list();
+    KR_INTERNAL(f.size() == 4 && f[0].is_dtype() && f[1].is_device(),
+                "torch_fallback: malformed output metadata");
+    Shape shape = f[2].int_list(), strides = f[3].int_list();
+    KR_INTERNAL(shape.size() == strides.size(), "torch_fallback: shape and strides differ in rank");
+    outs.emplace_back(b.new_tensor(f[0].as_dtype(), f[1].as_device(), std::move(shape),
+                                   std::move(strides)));
+  }
+  return Arg(std::move(outs));
+}
+} // namespace
+
+Arg impl_torch_fallback(Builder& b, const Arg::List& a) { return fallback_outputs(b, a); }
+Arg impl_torch_fallback_random(Builder& b, const Arg::List& a) { return fallback_outputs(b, a); }
+Arg impl_manual_seed(Builder&, const Arg::List&) { return Arg(); }
+
+} // namespace keraunos::ops

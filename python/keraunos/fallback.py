@@ -1,0 +1,348 @@
+"""Torch fallback: a torch call with no entry in the mapping table runs through torch.
+
+While tracing, the call runs once on fake tensors (torch's FakeTensorMode) that have the
+proxies' dtypes, devices, shapes, strides and storage sharing. That gives
+
+- the outputs' metadata (the C++ symbol `torch_fallback` makes proxies from it);
+- which arguments the call writes (the aten ops it dispatches to, with their schemas' alias
+  annotations): the symbol takes copies of them and returns their new contents, which the
+  frontend writes back with `copy_`, so functionalization sees an ordinary write;
+- which outputs are views of an input (they share its fake storage): recorded as
+  `as_strided` views of that input, so later writes through them reach the input as in eager;
+- whether it draws random numbers (`nondeterministic_seeded` aten ops): then the symbol is
+  ordered with every other random op and never merged or dropped.
+
+The call's non-tensor arguments stay in a closure in `_FALLBACKS`; the trace names it by id.
+What cannot be right is refused by name: outputs whose shape depends on tensor values
+(`nonzero`, `x[mask]`, `unique`), values read back into Python (`.item()`), calls that resize
+or re-point a tensor, and writes into memory that another argument of the same call reads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+
+import torch
+import torch.utils._pytree as pytree
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .tracer import Proxy, callable_name, record, where
+
+_fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+
+# id -> the runtime closure (`_kr.fallback` calls it with the input tensors).
+_FALLBACKS: dict[int, object] = {}
+_ids = itertools.count()
+_lock = threading.Lock()
+
+# Calls that act outside tensor values: running them on fake tensors at trace time would
+# silently drop their effect.
+_REFUSED_NAMES = (
+    "backward",
+    "register_hook",
+    "register_post_accumulate_grad_hook",
+    "retain_grad",
+    "requires_grad_",
+    "resize_",
+    "resize_as_",
+    "set_",
+    "share_memory_",
+    "record_stream",
+    "untyped_storage",
+    "storage",
+    "data_ptr",
+    "tolist",
+    "item",
+    "numpy",
+    "pin_memory",
+)
+
+
+class _Watch(TorchDispatchMode):
+    """Sees the aten ops a call dispatches to: which storages they write, whether they draw
+    random numbers."""
+
+    def __init__(self):
+        super().__init__()
+        self.written: set = set()
+        self.random = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        schema = func._schema
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is None or not a.alias_info.is_write:
+                continue
+            v = args[i] if i < len(args) else kwargs.get(a.name)
+            for t in pytree.tree_leaves(v):
+                if isinstance(t, torch.Tensor):
+                    self.written.add(StorageWeakRef(t.untyped_storage()))
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.random = True
+        return func(*args, **kwargs)
+
+
+def _fake_mode(tr):
+    mode = getattr(tr, "_fake_mode", None)
+    if mode is None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode(allow_non_fake_inputs=False)
+        tr._fake_mode = mode
+    return mode
+
+
+def _storage_extent(p) -> int:
+    if any(s == 0 for s in p.shape):
+        return p.storage_offset
+    return p.storage_offset + 1 + sum((n - 1) * st for n, st in zip(p.shape, p.strides))
+
+
+def _fakes(proxies):
+    """Fake tensors with the proxies' metadata; proxies of one storage share a fake storage."""
+    groups: dict[tuple, int] = {}
+    for p in proxies:
+        key = (p.storage_id, p.dtype) if p.storage_id >= 0 else (id(p), p.dtype)
+        groups[key] = max(groups.get(key, 0), _storage_extent(p))
+    from ._dtypes import KR_TO_TORCH, to_torch_device
+
+    bases = {}
+    fakes = []
+    for p in proxies:
+        key = (p.storage_id, p.dtype) if p.storage_id >= 0 else (id(p), p.dtype)
+        base = bases.get(key)
+        if base is None:
+            base = torch.empty(
+                groups[key], dtype=KR_TO_TORCH[p.dtype], device=to_torch_device(p.device)
+            )
+            bases[key] = base
+        fakes.append(base.as_strided(list(p.shape), list(p.strides), p.storage_offset))
+    return fakes
+
+
+def _refuse(name, why):
+    e = NotImplementedError(f"keraunos: {name} {why} (at {where()})")
+    e._kr_final = True
+    raise e
+
+
+def _dense(t) -> bool:
+    """Offset 0 and its elements fill memory without gaps or overlaps (any dim order)."""
+    if t.storage_offset() != 0:
+        return False
+    expected = 1
+    dims = sorted((st, s) for s, st in zip(t.shape, t.stride()) if s != 1)
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def call(tr, func, args, kwargs):
+    """Records `func(*args, **kwargs)` as a torch fallback symbol and returns its outputs
+    (proxies where they are tensors)."""
+    # Fake tensors are tensor subclasses: with the tracer's mode on, their methods would be
+    # traced too.
+    with torch._C.DisableTorchFunction():
+        return _call(tr, func, args, kwargs)
+
+
+def _contiguous_strides(shape):
+    strides, n = [], 1
+    for s in reversed(shape):
+        strides.append(n)
+        n *= max(s, 1)
+    return strides[::-1]
+
+
+def _call(tr, func, args, kwargs):
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        UnsupportedOperatorException,
+    )
+
+    name = callable_name(func)
+    short = name.rsplit(".", 1)[-1]
+    if short in _REFUSED_NAMES:
+        _refuse(name, "is not supported inside a jitted function: it acts outside tensor values")
+
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    tensor_pos = []
+    proxies = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor) and not isinstance(leaf, Proxy):
+            if leaf.layout is not torch.strided or leaf.is_complex():
+                _refuse(name, f"with a {leaf.layout} {leaf.dtype} tensor argument is not supported")
+            leaf = tr.lift(leaf)
+            leaves[i] = leaf
+        if isinstance(leaf, Proxy):
+            tensor_pos.append(i)
+            proxies.append(leaf)
+        elif isinstance(leaf, torch.Generator):
+            _refuse(name, "with generator= is not supported: jitted functions draw from "
+                    "torch's default generator")
+
+    mode = _fake_mode(tr)
+    watch = _Watch()
+    cps = [p._p for p in proxies]
+    log_level = _fake_log.level
+    _fake_log.setLevel(logging.CRITICAL)  # it logs every error it raises; we re-raise them
+    try:
+        with mode:
+            fakes = _fakes(cps)
+            before = [(tuple(f.shape), f.stride(), f.storage_offset()) for f in fakes]
+            fake_leaves = list(leaves)
+            for i, f in zip(tensor_pos, fakes):
+                fake_leaves[i] = f
+            fa, fk = pytree.tree_unflatten(fake_leaves, spec)
+            with watch:
+                out = func(*fa, **fk)
+    except (DataDependentOutputException, DynamicOutputShapeException) as e:
+        raise NotImplementedError(
+            f"keraunos: {name} has an output whose shape or value depends on tensor values "
+            f"({e}); keraunos traces values symbolically and cannot run it inside a jitted "
+            f"function (at {where()})"
+        ) from None
+    except UnsupportedOperatorException as e:
+        raise NotImplementedError(
+            f"keraunos: {name} is not supported: {e} has no shape function (at {where()})"
+        ) from None
+    except Exception as e:
+        # Eager's own error for these arguments: the same type, naming the call and the line.
+        if e.args and isinstance(e.args[0], str):
+            e.args = (f"{e.args[0]} (in {name} at {where()})", *e.args[1:])
+        raise
+    finally:
+        _fake_log.setLevel(log_level)
+    storages = [StorageWeakRef(f.untyped_storage()) for f in fakes]
+    after = [(tuple(f.shape), f.stride(), f.storage_offset()) for f in fakes]
+
+    # Which inputs the call writes.
+    mutated = [i for i, s in enumerate(storages) if s in watch.written]
+    for i in mutated:
+        if before[i] != after[i]:
+            _refuse(name, "resizes or re-strides a tensor in place; this is not supported")
+    seen_storage = {}
+    for i, s in enumerate(storages):
+        seen_storage.setdefault(s, []).append(i)
+    first_of = {}
+    for i in mutated:
+        if len(seen_storage[storages[i]]) > 1:
+            # The copy the call writes would not be seen by the other argument's view.
+            _refuse(name, "writes memory that another of its tensor arguments reads; this is "
+                    "not supported")
+        first_of[storages[i]] = i
+    for s, idx in seen_storage.items():
+        first_of.setdefault(s, idx[0])
+
+    # Outputs: fresh tensors, views of inputs, or Python values.
+    out_leaves, out_spec = pytree.tree_flatten(out)
+    kinds = []  # ("fresh", k) | ("view", input index) | ("alias", earlier leaf) | ("const", v)
+    fresh_meta = []
+    fresh_dense = []
+    out_storages = {}
+    from ._dtypes import to_kr_dtype
+
+    for j, o in enumerate(out_leaves):
+        if isinstance(o, torch.Tensor):
+            if o.layout is not torch.strided or o.is_complex():
+                _refuse(name, f"returns a {o.layout} {o.dtype} tensor; this is not supported")
+            to_kr_dtype(o.dtype, f"{name} output dtype")
+            s = StorageWeakRef(o.untyped_storage())
+            if s in first_of:
+                if o.dtype != fakes[first_of[s]].dtype:
+                    _refuse(name, "returns a view with another dtype (reinterpreting bits); "
+                            "this is not supported")
+                kinds.append(("view", first_of[s]))
+            elif s in out_storages:
+                kinds.append(("alias", out_storages[s]))
+            else:
+                out_storages[s] = j
+                dense = _dense(o)
+                strides = list(o.stride()) if dense else _contiguous_strides(o.shape)
+                kinds.append(("fresh", len(fresh_meta)))
+                fresh_meta.append([o.dtype, o.device, list(o.shape), strides])
+                fresh_dense.append(dense)
+        elif isinstance(o, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            _refuse(name, "returns a value that depends on tensor values")
+        else:
+            kinds.append(("const", o))
+
+    # The symbol: fresh outputs, then the new contents of the written inputs.
+    meta = list(fresh_meta)
+    for i in mutated:
+        f = fakes[i]
+        meta.append([f.dtype, f.device, list(f.shape), list(f.stride())])
+    call_leaves = [None if i in set(tensor_pos) else v for i, v in enumerate(leaves)]
+    fid = _register(func, call_leaves, spec, tensor_pos, mutated, out_spec, kinds, len(fresh_meta))
+    op = "torch_fallback_random" if watch.random else "torch_fallback"
+    res = record(op, name, (fid, name, proxies, meta), {}) if meta else ()
+    res = list(res)
+    fresh_out = res[: len(fresh_meta)]
+    for i, new in zip(mutated, res[len(fresh_meta) :]):
+        record("copy_", name, (proxies[i], new), {})
+
+    # The result, with proxies in place of the fake tensors.
+    result = []
+    for j, (kind, v) in enumerate(kinds):
+        if kind == "fresh":
+            result.append(fresh_out[v])
+        elif kind == "const":
+            result.append(v)
+        else:
+            o = out_leaves[j]
+            base = proxies[v] if kind == "view" else result[v]
+            result.append(
+                record(
+                    "as_strided",
+                    name,
+                    (base, list(o.shape), list(o.stride()), o.storage_offset()),
+                    {},
+                )
+            )
+    return pytree.tree_unflatten(result, out_spec)
+
+
+def _register(func, leaves, spec, tensor_pos, mutated, out_spec, kinds, n_fresh) -> int:
+    """The closure the program calls: rebuilds the call from the runtime tensors, runs it on
+    copies of the tensors it writes, returns its fresh outputs (with the traced strides) and
+    the copies."""
+    fresh_leaf = [j for j, (k, _) in enumerate(kinds) if k == "fresh"]
+    mutated_set = set(mutated)
+
+    def run(inputs, meta):
+        inputs = list(inputs)
+        for i in mutated_set:
+            t = inputs[i]
+            inputs[i] = torch.empty_strided(
+                t.shape, t.stride(), dtype=t.dtype, device=t.device
+            ).copy_(t)
+        call_leaves = list(leaves)
+        for i, t in zip(tensor_pos, inputs):
+            call_leaves[i] = t
+        a, k = pytree.tree_unflatten(call_leaves, spec)
+        out = func(*a, **k)
+        out_leaves = pytree.tree_leaves(out) if fresh_leaf else ()
+        res = []
+        for j, m in zip(fresh_leaf, meta[:n_fresh]):
+            o = out_leaves[j]
+            if list(o.stride()) != m[3] or o.storage_offset() != 0:
+                o = torch.empty_strided(m[2], m[3], dtype=o.dtype, device=o.device).copy_(o)
+            res.append(o)
+        res.extend(inputs[i] for i in mutated)
+        return res
+
+    with _lock:
+        fid = next(_ids)
+        _FALLBACKS[fid] = run
+    return fid
+
+
+def run(fid, name, inputs, meta):
+    """What the program's `_kr.fallback(id, name, inputs, outputs)` does."""
+    return _FALLBACKS[fid](inputs, meta)

@@ -1,0 +1,221 @@
+"""The torch fallback: calls with no op-table entry run through torch inside the program,
+with their writes and views made exact; and the Python that real models use inside traced
+functions (grad mode, manual_seed, torch.compiler.is_compiling)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import keraunos
+from harness import check
+
+
+def _program(jf) -> str:
+    return keraunos.last_traces(jf)[-1].source
+
+
+def test_unmapped_call_runs_through_torch_and_fuses_around():
+    def f(x):
+        y = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+        return (y.sin() * 2).exp()
+
+    jf = check(f, torch.randn(1, 2, 4, 4))
+    src = _program(jf)
+    assert "_kr.fallback(" in src and "'torch.nn.functional.interpolate'" in src
+
+
+def test_fallback_inplace_writes_input_and_its_views():
+    def f(x, i, s):
+        v = x[1:]
+        v.scatter_reduce_(0, i, s, "amax", include_self=False)
+        return x * 2, v
+
+    check(f, torch.randn(6), torch.tensor([0, 1, 1, 3]), torch.randn(4))
+
+
+def test_fallback_inplace_on_intermediate_then_read():
+    def f(x, i, s):
+        y = x.clone()
+        r = y.index_reduce_(0, i, s, "prod")
+        return y + 1, r
+
+    check(f, torch.randn(5, 3), torch.tensor([0, 4, 2]), torch.randn(3, 3))
+
+
+def test_fallback_view_output_aliases_input():
+    def f(x):
+        return x.unfold(0, 2, 1)
+
+    x = torch.randn(6)
+    jf = keraunos.jit(f)
+    out = jf(x)
+    torch.testing.assert_close(out, f(x))
+    out.mul_(0)  # a view: writes reach x as in eager
+    assert (x == 0).all()
+
+
+def test_fallback_view_then_write_through_it():
+    def f(x):
+        u = x.unfold(0, 3, 3)
+        u.add_(1)
+        return x.sum()
+
+    check(f, torch.randn(9))
+
+
+def test_fallback_creation_and_several_outputs():
+    def f(x):
+        a = torch.linspace(0, 1, x.shape[0])
+        q, r = torch.linalg.qr(x.reshape(4, 4))
+        return x + a.repeat(4), q.abs(), r.abs()
+
+    check(f, torch.randn(16), atol=1e-5, rtol=1e-4)
+
+
+def test_fallback_random_calls_draw_in_eager_order():
+    def f(x):
+        a = torch.poisson(x.abs())
+        b = torch.rand_like(x)
+        c = F.rrelu(x, training=True)
+        return a, b, c
+
+    check(f, torch.randn(64), seed=3)
+
+
+def test_fallback_non_tensor_arguments_and_outputs():
+    def f(x):
+        n = torch.result_type(x, 1.0)
+        return x.to(n) * torch.finfo(x.dtype).eps, x.new_zeros(3, dtype=torch.int32)
+
+    check(f, torch.randn(3))
+
+
+def test_fallback_mapping_refusal_form_runs_through_torch():
+    def f(x):
+        return x.round(decimals=2), x.float(memory_format=torch.preserve_format) + 1
+
+    check(f, torch.randn(8) * 10)
+
+
+def test_fallback_refuses_data_dependent_shapes():
+    with pytest.raises(NotImplementedError, match=r"torch\.nonzero.*test_fallback\.py:\d+"):
+        keraunos.jit(lambda x: torch.nonzero(x))(torch.randn(4))
+    with pytest.raises(NotImplementedError, match=r"torch\.unique"):
+        keraunos.jit(lambda x: torch.unique(x))(torch.randn(4))
+
+
+def test_fallback_refuses_effects_outside_tensors():
+    def f(x):
+        x.register_hook(lambda g: g)
+        return x
+
+    with pytest.raises(NotImplementedError, match="register_hook"):
+        keraunos.jit(f)(torch.randn(2, requires_grad=True))
+
+
+def test_fallback_errors_are_eagers():
+    with pytest.raises(ValueError, match="same number of spatial dimensions"):
+        keraunos.jit(lambda x: F.interpolate(x, size=(2, 2, 2)))(torch.randn(1, 1, 4, 4))
+    with pytest.raises(RuntimeError, match=r"torch\.polar at .*test_fallback\.py"):
+        keraunos.jit(lambda x, y: torch.kron(x, y).sin() + torch.polar(x, y).abs())(
+            torch.randn(2), torch.randn(3)
+        )
+
+
+def test_fallback_with_grad_runs_under_autograd():
+    x = torch.randn(1, 2, 4, 4, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    f = lambda t: F.interpolate(t, scale_factor=2).sin().sum()  # noqa: E731
+    keraunos.jit(f)(x).backward()
+    f(x2).backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_manual_seed_is_replayed_on_every_call():
+    def f(x):
+        torch.manual_seed(42)
+        return F.dropout(x, 0.5, True), torch.rand(3)
+
+    jf = keraunos.jit(f)
+    x = torch.ones(16)
+    for _ in range(3):
+        torch.manual_seed(7)
+        ours = jf(x)
+        after_ours = torch.rand(1)
+        torch.manual_seed(7)
+        ref = f(x)
+        after_ref = torch.rand(1)
+        torch.testing.assert_close(ours, ref)
+        torch.testing.assert_close(after_ours, after_ref)
+    assert "_kr.manual_seed(42)" in _program(jf)
+
+
+def test_rng_state_calls_are_refused_while_tracing():
+    with pytest.raises(NotImplementedError, match="get_rng_state"):
+        keraunos.jit(lambda x: (torch.get_rng_state(), x)[1])(torch.randn(2))
+    torch.get_rng_state()  # restored outside tracing
+
+
+def test_arange_positional_start_with_end_keyword():
+    check(lambda x: torch.arange(1, end=5) + x, torch.zeros(4))
+    check(lambda x: torch.arange(2, end=9, step=3) + x, torch.zeros(3))
+
+
+def test_is_compiling_while_tracing():
+    def f(x):
+        return x + 1 if torch.compiler.is_compiling() else x - 1
+
+    jf = keraunos.jit(f)
+    torch.testing.assert_close(jf(torch.zeros(2)), torch.ones(2))
+    assert not torch.compiler.is_compiling()
+
+
+@pytest.mark.parametrize("ctx", ["no_grad", "set_grad_enabled", "decorator", "inference_mode"])
+def test_grad_mode_regions(ctx):
+    def body(x, w):
+        h = x * w
+        if ctx == "no_grad":
+            with torch.no_grad():
+                s = h.sum(-1, keepdim=True)
+        elif ctx == "set_grad_enabled":
+            with torch.set_grad_enabled(False):
+                s = h.sum(-1, keepdim=True)
+        elif ctx == "inference_mode":
+            with torch.inference_mode():
+                s = (x * 3).sum(-1, keepdim=True)
+            s = s.clone()
+        else:
+            s = _scale(h)
+        return (h / (s.abs() + 1)).sum(), torch.is_grad_enabled()
+
+    x = torch.randn(3, 4)
+    w1 = torch.randn(4, requires_grad=True)
+    w2 = w1.detach().clone().requires_grad_()
+    ours, ours_flag = keraunos.jit(body)(x, w1)
+    ref, ref_flag = body(x, w2)
+    assert ours_flag == ref_flag
+    torch.testing.assert_close(ours, ref)
+    ours.backward()
+    ref.backward()
+    torch.testing.assert_close(w1.grad, w2.grad)
+
+
+@torch.no_grad()
+def _scale(h):
+    return h.sum(-1, keepdim=True)
+
+
+def test_autocast_region_is_refused_by_name():
+    def f(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return x @ x
+
+    with pytest.raises(NotImplementedError, match="autocast"):
+        keraunos.jit(f)(torch.randn(4, 4))
+
+
+def test_detach_and_data():
+    def f(x):
+        return x.detach() * 2 + x.data, x.detach().requires_grad
+
+    check(f, torch.randn(3))
