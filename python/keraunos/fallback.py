@@ -20,6 +20,7 @@ or re-point a tensor, and writes into memory that another argument of the same c
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -142,13 +143,14 @@ def _dense(t) -> bool:
     return True
 
 
-def call(tr, func, args, kwargs):
+def call(tr, func, args, kwargs, autocast=()):
     """Records `func(*args, **kwargs)` as a torch fallback symbol and returns its outputs
-    (proxies where they are tensors)."""
+    (proxies where they are tensors). `autocast`: the autocast regions ((device_type, dtype,
+    cache_enabled), ...) the call runs in, while tracing and in the program."""
     # Fake tensors are tensor subclasses: with the tracer's mode on, their methods would be
     # traced too.
     with torch._C.DisableTorchFunction():
-        return _call(tr, func, args, kwargs)
+        return _call(tr, func, args, kwargs, autocast)
 
 
 def _contiguous_strides(shape):
@@ -159,7 +161,7 @@ def _contiguous_strides(shape):
     return strides[::-1]
 
 
-def _call(tr, func, args, kwargs):
+def _call(tr, func, args, kwargs, autocast):
     from torch._subclasses.fake_tensor import (
         DataDependentOutputException,
         DynamicOutputShapeException,
@@ -279,7 +281,9 @@ def _call(tr, func, args, kwargs):
         f = fakes[i]
         meta.append([f.dtype, f.device, list(f.shape), list(f.stride())])
     call_leaves = [None if i in set(tensor_pos) else v for i, v in enumerate(leaves)]
-    fid = _register(func, call_leaves, spec, tensor_pos, mutated, out_spec, kinds, len(fresh_meta))
+    fid = _register(
+        func, call_leaves, spec, tensor_pos, mutated, kinds, len(fresh_meta), autocast
+    )
     op = "torch_fallback_random" if watch.random else "torch_fallback"
     res = record(op, name, (fid, name, proxies, meta), {}) if meta else ()
     res = list(res)
@@ -308,7 +312,7 @@ def _call(tr, func, args, kwargs):
     return pytree.tree_unflatten(result, out_spec)
 
 
-def _register(func, leaves, spec, tensor_pos, mutated, out_spec, kinds, n_fresh) -> int:
+def _register(func, leaves, spec, tensor_pos, mutated, kinds, n_fresh, autocast) -> int:
     """The closure the program calls: rebuilds the call from the runtime tensors, runs it on
     copies of the tensors it writes, returns its fresh outputs (with the traced strides) and
     the copies."""
@@ -326,7 +330,15 @@ def _register(func, leaves, spec, tensor_pos, mutated, out_spec, kinds, n_fresh)
         for i, t in zip(tensor_pos, inputs):
             call_leaves[i] = t
         a, k = pytree.tree_unflatten(call_leaves, spec)
-        out = func(*a, **k)
+        if autocast:
+            with contextlib.ExitStack() as regions:
+                for device_type, dtype, cache in autocast:
+                    regions.enter_context(
+                        torch.autocast(device_type, dtype=dtype, cache_enabled=cache)
+                    )
+                out = func(*a, **k)
+        else:
+            out = func(*a, **k)
         out_leaves = pytree.tree_leaves(out) if fresh_leaf else ()
         res = []
         for j, m in zip(fresh_leaf, meta[:n_fresh]):

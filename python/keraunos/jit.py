@@ -173,12 +173,17 @@ class JittedFunction(_C.Dispatcher):
         pargs = _replace_tensors(args, it)
         pkwargs = _replace_tensors(kwargs, it)
         with tracer:
-            out = self._trace_fn(pargs, pkwargs)
+            try:
+                out = self._trace_fn(pargs, pkwargs)
+            except TypeError as e:
+                _unbound_method_error(e)
+                raise
+            _register_dataclasses(out)
             leaves, spec = pytree.tree_flatten(out)
             c_leaves = []
             for leaf in leaves:
                 if (
-                    isinstance(leaf, (Proxy, torch.Tensor))
+                    isinstance(leaf, (Proxy, torch.Tensor, torch.dtype, torch.device))
                     or leaf is None
                     or isinstance(leaf, (bool, int, float, str))
                 ):
@@ -221,6 +226,47 @@ class JittedFunction(_C.Dispatcher):
         if not single:
             post = functools.partial(_unflatten, spec)
         return program, tuple(tracer.lifted), post
+
+
+def _register_dataclasses(out, depth=0):
+    """Dataclass outputs (a model's output record) become pytree nodes, so their tensor fields
+    are outputs of the program and the object is rebuilt around them on every call."""
+    import dataclasses
+
+    if depth > 16:
+        return
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        cls = type(out)
+        if cls not in pytree.SUPPORTED_NODES:
+            pytree.register_dataclass(cls)
+        for f in dataclasses.fields(out):
+            _register_dataclasses(getattr(out, f.name, None), depth + 1)
+    elif isinstance(out, (tuple, list)):
+        for e in out:
+            _register_dataclasses(e, depth + 1)
+    elif isinstance(out, dict):
+        for e in out.values():
+            _register_dataclasses(e, depth + 1)
+
+
+def _unbound_method_error(e: TypeError):
+    """`torch.Tensor.add_(x, y)` on a traced tensor: CPython's method descriptor refuses the
+    proxy before torch sees the call. Say so by name, with the user's line."""
+    import re
+    import traceback
+
+    m = re.search(r"descriptor '(\w+)' for '[\w.]+' objects doesn't apply to a 'Proxy'", str(e))
+    if m is None:
+        return
+    where = "<unknown>"
+    for fr in reversed(traceback.extract_tb(e.__traceback__)):
+        if "/keraunos/" not in fr.filename and "/torch/" not in fr.filename:
+            where = f"{fr.filename}:{fr.lineno}"
+            break
+    raise NotImplementedError(
+        f"keraunos: the unbound method call torch.Tensor.{m.group(1)}(x, ...) on a traced "
+        f"tensor is not supported (at {where}); write x.{m.group(1)}(...) instead"
+    ) from None
 
 
 def _unflatten(spec, flat):

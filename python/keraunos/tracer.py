@@ -504,11 +504,12 @@ def handle(func, args, kwargs):
         raise RuntimeError(
             f"keraunos: a traced tensor escaped its jitted function and was used by {callable_name(func)}"
         )
-    if _autocast_on() and _has_proxy(args, kwargs):
-        raise NotImplementedError(
-            f"keraunos: {callable_name(func)} inside a torch.autocast region is not supported "
-            f"yet (at {where()}); run the region outside the jitted function"
-        )
+    if _has_proxy(args, kwargs):
+        autocast = _autocast_state()
+        if autocast:
+            # Inside a torch.autocast region every call runs through torch, in the same region
+            # when the program runs: autocast's casts are eager's own.
+            return fallback.call(tr, func, args, kwargs, autocast=autocast)
     entry = lookup(func)
     if entry is None:
         if func in _PASSTHROUGH or (func in _METADATA and not _has_proxy(args, kwargs)):
@@ -527,9 +528,14 @@ def handle(func, args, kwargs):
         return fallback.call(tr, func, args, kwargs)
 
 
-def _autocast_on() -> bool:
+def _autocast_state() -> tuple:
+    """((device_type, dtype, cache_enabled), ...) of the autocast regions in force."""
     with torch._C.DisableTorchFunction():
-        return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
+        return tuple(
+            (d, torch.get_autocast_dtype(d), torch.is_autocast_cache_enabled())
+            for d in ("cpu", "cuda")
+            if torch.is_autocast_enabled(d)
+        )
 
 
 

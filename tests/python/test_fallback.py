@@ -205,13 +205,54 @@ def _scale(h):
     return h.sum(-1, keepdim=True)
 
 
-def test_autocast_region_is_refused_by_name():
-    def f(x):
+def test_autocast_regions_follow_eagers_casts():
+    def f(x, w):
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            return x @ x
+            h = x @ w  # bfloat16 under autocast
+            s = torch.softmax(h, -1)
+            with torch.autocast("cpu", enabled=False):
+                g = (x @ w).sin()  # float32
+        return h, s, g, (h.float() + g).exp()
 
-    with pytest.raises(NotImplementedError, match="autocast"):
-        keraunos.jit(f)(torch.randn(4, 4))
+    jf = check(f, torch.randn(4, 8), torch.randn(8, 8))
+    out = jf(torch.randn(4, 8), torch.randn(8, 8))
+    assert out[0].dtype == torch.bfloat16 and out[2].dtype == torch.float32
+
+
+def test_unbound_method_call_is_refused_by_name():
+    with pytest.raises(NotImplementedError, match=r"torch\.Tensor\.add_.*test_fallback\.py:\d+"):
+        keraunos.jit(lambda x: torch.Tensor.add_(x, 1))(torch.randn(2))
+
+
+def test_sparse_input_is_refused_by_name():
+    with pytest.raises(NotImplementedError, match="without strides"):
+        keraunos.jit(lambda x: x * 2)(torch.eye(3).to_sparse_csr())
+
+
+def test_dataclass_and_dict_outputs():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Out:
+        logits: torch.Tensor
+        extra: dict
+        n: int = 3
+
+    def f(x):
+        return Out(x.sin(), {"a": x + 1, "dt": x.dtype})
+
+    jf = keraunos.jit(f)
+    x = torch.randn(3)
+    for _ in range(2):
+        o = jf(x)
+        assert isinstance(o, Out) and o.n == 3 and o.extra["dt"] == torch.float32
+        torch.testing.assert_close(o.logits, x.sin())
+        torch.testing.assert_close(o.extra["a"], x + 1)
+
+
+def test_batch_norm_empty_input_in_training():
+    rm, rv = torch.zeros(3), torch.ones(3)
+    check(lambda x, m, v: F.batch_norm(x, m, v, training=True), torch.randn(0, 3), rm, rv)
 
 
 def test_detach_and_data():

@@ -84,7 +84,15 @@ void Dispatcher::walk(PyObject* o, CallKey& key, std::vector<PyObject*>& tensors
     if (!shape) throw nb::python_error();
     push_tuple(k, shape);
     PyObject* stride = PyObject_CallMethodNoArgs(o, n.stride);
-    if (!stride) throw nb::python_error();
+    if (!stride) {
+      // Sparse, nested and other layouts without strides: a named refusal, not torch's
+      // "do not have strides" from inside the signature walk.
+      nb::python_error torch_error; // takes (and clears) torch's error
+      std::string layout = nb::cast<std::string>(nb::str(nb::handle(o).attr("layout")));
+      KR_CHECK(false, NotImplemented, "keraunos: a tensor argument without strides (layout ",
+               layout,
+               ") is not supported; pass a strided (dense) tensor");
+    }
     push_tuple(k, stride);
     k.push_back(as_i64(PyObject_CallMethodNoArgs(o, n.storage_offset)));
     k.push_back(as_i64(PyObject_CallMethodNoArgs(o, n.get_device)));

@@ -58,6 +58,9 @@ def _batch_norm(tr, args, kwargs):
             "keraunos: F.batch_norm in training mode with only one of running_mean/running_var "
             "is not supported"
         )
+    if bound["input"].numel() == 0:
+        # Eager's empty-input path (a copy, the running statistics untouched): through torch.
+        raise NotImplementedError("keraunos: batch_norm of an empty input runs through torch")
     op = "batch_norm_update" if update else "batch_norm"
     return record(op, "torch.nn.functional.batch_norm", [bound[k] for k in names], {})
 
