@@ -3,12 +3,13 @@
 //
 // Layout (one subfolder per backend, like the NVRTC cache beside it):
 //   <KERAUNOS_CACHE_DIR or ~/.cache/keraunos>/cpu/<key>.so    the kernel library
-//                                                 /<key>.cpp   its source, for debugging
+//                                                 /<key>.cpp   its source + the key stamp
 //                                                 /<key>.meta  size and checksum of the .so
 //                                                 /toolchain-<hash>.txt  probed flags
 // Every file is written under a temporary name in the same folder and renamed into place, so
 // a reader sees either nothing or a complete file, even with several processes compiling the
-// same kernel at once.
+// same kernel at once. The .so exports `keraunos_cache_key` (the key it was built for) and is
+// loaded only under that key (cpu_compiler.cpp), so an entry built from other code is rebuilt.
 //
 // The hash is FNV-1a (http://www.isthe.com/chongo/tech/comp/fnv/): the 128-bit variant for
 // keys (collisions between kernels would load the wrong code, so 64 bits felt thin for a cache

@@ -473,10 +473,40 @@ void pin_openmp_runtime() {
   }
 }
 
-void* open_library(const fs::path& so, std::string* error) {
+// Every library the cache stores is compiled from its source plus this stamp, and is loaded
+// only if the stamp it exports names the key it was looked up by. The .meta checksum only
+// shows that the .so is the file its writer meant to store; the stamp shows that it was built
+// for this key. Without it a `<key>.so` built from other code (another keraunos build or
+// version writing the shared ~/.cache/keraunos with another key scheme, a copied or restored
+// cache folder) is run as if it were ours, and so is a library that dlopen hands back for the
+// path (glibc returns an object already loaded under the same name or inode, not the file now
+// there).
+constexpr const char* kKeySymbol = "keraunos_cache_key";
+
+std::string stamped_source(const std::string& source, const std::string& key) {
+  return source + "\n// keraunos CPU kernel cache stamp\nextern \"C\" __attribute__((visibility(" +
+         "\"default\"), used)) const char " + kKeySymbol + "[] = \"" + key + "\";\n";
+}
+
+bool has_stamp(void* h, const std::string& key) {
+  dlerror();
+  const char* stamp = static_cast<const char*>(dlsym(h, kKeySymbol));
+  return stamp && key == stamp;
+}
+
+// Loads `so` if it carries the stamp of `key`; nullptr (and why, in `error`) otherwise.
+void* open_library(const fs::path& so, const std::string& key, std::string* error) {
   void* h = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!h && error) *error = dlerror();
-  if (h) pin_openmp_runtime();
+  if (!h) {
+    if (error) *error = dlerror();
+    return nullptr;
+  }
+  if (!has_stamp(h, key)) {
+    if (error) *error = "the library does not carry the cache stamp of key " + key;
+    dlclose(h);
+    return nullptr;
+  }
+  pin_openmp_runtime();
   return h;
 }
 
@@ -516,14 +546,15 @@ std::shared_ptr<CompiledLibrary> compile_and_load(const std::string& source,
   // A corrupt or truncated entry fails the check and is replaced below by renaming a fresh
   // one over it; it is never unlinked first, which could race with another process's rename.
   if (verify_entry(paths)) {
-    if (void* h = open_library(paths.so, nullptr)) {
+    if (void* h = open_library(paths.so, key, nullptr)) {
       auto lib = std::make_shared<CompiledLibrary>(h, key, paths.so.string());
       return rt->insert(key, std::move(lib), false, ms_since(t0));
     }
   }
 
   t0 = Clock::now();
-  KR_INTERNAL(write_file_atomic(paths.cpp, source), "cannot write the kernel source to ",
+  KR_INTERNAL(write_file_atomic(paths.cpp, stamped_source(source, key)),
+              "cannot write the kernel source to ",
               paths.cpp.string());
   fs::path tmp_so = temp_path_beside(paths.so);
   std::vector<std::string> argv{tc.path};
@@ -544,7 +575,7 @@ std::shared_ptr<CompiledLibrary> compile_and_load(const std::string& source,
   KR_INTERNAL(stored, "cannot store the compiled kernel in ", paths.so.string());
   double ms = ms_since(t0);
   std::string error;
-  void* h = open_library(paths.so, &error);
+  void* h = open_library(paths.so, key, &error);
   KR_INTERNAL(h != nullptr, "cannot load the freshly compiled kernel library ",
               paths.so.string(), ": ", error);
   return rt->insert(key, std::make_shared<CompiledLibrary>(h, key, paths.so.string()), true, ms);
