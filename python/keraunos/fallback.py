@@ -186,8 +186,11 @@ def _call(tr, func, args, kwargs, autocast):
             tensor_pos.append(i)
             proxies.append(leaf)
         elif isinstance(leaf, torch.Generator):
-            _refuse(name, "with generator= is not supported: jitted functions draw from "
-                    "torch's default generator")
+            _refuse(
+                name,
+                "with generator= is not supported: jitted functions draw from "
+                "torch's default generator",
+            )
 
     mode = _fake_mode(tr)
     watch = _Watch()
@@ -236,8 +239,10 @@ def _call(tr, func, args, kwargs, autocast):
     for i in mutated:
         if len(seen_storage[storages[i]]) > 1:
             # The copy the call writes would not be seen by the other argument's view.
-            _refuse(name, "writes memory that another of its tensor arguments reads; this is "
-                    "not supported")
+            _refuse(
+                name,
+                "writes memory that another of its tensor arguments reads; this is not supported",
+            )
         first_of[storages[i]] = i
     for s, idx in seen_storage.items():
         first_of.setdefault(s, idx[0])
@@ -258,8 +263,11 @@ def _call(tr, func, args, kwargs, autocast):
             s = StorageWeakRef(o.untyped_storage())
             if s in first_of:
                 if o.dtype != fakes[first_of[s]].dtype:
-                    _refuse(name, "returns a view with another dtype (reinterpreting bits); "
-                            "this is not supported")
+                    _refuse(
+                        name,
+                        "returns a view with another dtype (reinterpreting bits); "
+                        "this is not supported",
+                    )
                 kinds.append(("view", first_of[s]))
             elif s in out_storages:
                 kinds.append(("alias", out_storages[s]))
@@ -281,9 +289,7 @@ def _call(tr, func, args, kwargs, autocast):
         f = fakes[i]
         meta.append([f.dtype, f.device, list(f.shape), list(f.stride())])
     call_leaves = [None if i in set(tensor_pos) else v for i, v in enumerate(leaves)]
-    fid = _register(
-        func, call_leaves, spec, tensor_pos, mutated, kinds, len(fresh_meta), autocast
-    )
+    fid = _register(func, call_leaves, spec, tensor_pos, mutated, kinds, len(fresh_meta), autocast)
     op = "torch_fallback_random" if watch.random else "torch_fallback"
     res = record(op, name, (fid, name, proxies, meta), {}) if meta else ()
     res = list(res)

@@ -260,3 +260,59 @@ def test_detach_and_data():
         return x.detach() * 2 + x.data, x.detach().requires_grad
 
     check(f, torch.randn(3))
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda b, x, w: torch.addmm(b, x, w),
+        lambda b, x, w: torch.addmm(b, x, w, beta=0.5, alpha=2.0),
+        lambda b, x, w: b.addmm(x, w, beta=0),
+        lambda b, x, w: torch.addmm(b[:1], x, w),
+    ],
+)
+def test_addmm_decomposes_and_fuses(f):
+    jf = check(f, torch.randn(3, 5), torch.randn(3, 4), torch.randn(4, 5), atol=1e-5, rtol=1e-5)
+    assert "_kr.fallback" not in _program(jf)
+
+
+def test_addmm_forms_outside_the_decomposition_run_through_torch():
+    check(
+        lambda b, x, w: torch.addmm(b, x, w.double()),
+        torch.randn(3, 5),
+        torch.randn(3, 4),
+        torch.randn(4, 5),
+    )  # eager's dtype error
+    check(
+        lambda b, x, w: torch.addmm(b, x, w),
+        torch.randn(6, 5),
+        torch.randn(3, 4),
+        torch.randn(4, 5),
+    )  # eager's shape error
+    check(
+        lambda b, x, w: torch.baddbmm(b, x, w, alpha=3),
+        torch.randn(2, 3, 5),
+        torch.randn(2, 3, 4),
+        torch.randn(2, 4, 5),
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_mse_loss(reduction):
+    jf = check(
+        lambda a, b: F.mse_loss(a, b, reduction=reduction),
+        torch.randn(4, 6),
+        torch.randn(4, 6),
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    assert "_kr.fallback" not in _program(jf)
+    check(
+        lambda a, b: F.mse_loss(a, b, reduction=reduction),
+        torch.randn(4, 6),
+        torch.randn(6),
+        atol=1e-5,
+        rtol=1e-5,
+    )  # broadcasting (eager warns): through torch

@@ -94,4 +94,4 @@ def swap(a, b, **kw):
     return (b, a), kw
 
 
-from . import creation, elementwise, mutation, nn, reduction, shape  # noqa: E402, F401
+from . import composite, creation, elementwise, mutation, nn, reduction, shape  # noqa: E402, F401
