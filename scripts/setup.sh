@@ -19,6 +19,30 @@ if ! "$VENV/bin/python" -c "import torch, nanobind, scikit_build_core, pytest, r
   "$VENV/bin/pip" install -q --disable-pip-version-check "$TORCH_SPEC" numpy \
     "nanobind>=2.0" "scikit-build-core>=0.10" cmake ninja pytest ruff
 fi
+# Test-only model zoos (tests/models skips without them): pinned. transformers 4.57 has no
+# hard dependency on torch. torchvision must be the CPU build made for torch 2.13.0
+# (0.28.0+cpu, on PyTorch's CPU index), installed with --no-deps so it never replaces torch:
+# PyPI's 0.28.0 is a CUDA 13 build whose operators fail to register against the CPU torch,
+# and transformers then fails to import any model (it imports torchvision when present).
+# Where the CPU index is unreachable torchvision is left out (nothing here needs it), and a
+# torchvision that does not import is removed.
+TRANSFORMERS_SPEC="${KERAUNOS_TRANSFORMERS:-transformers==4.57.6}"
+TORCHVISION_SPEC="${KERAUNOS_TORCHVISION:-torchvision==0.28.0+cpu}"
+TORCHVISION_INDEX="${KERAUNOS_TORCHVISION_INDEX:-https://download.pytorch.org/whl/cpu}"
+if ! "$VENV/bin/python" -c "import transformers" 2>/dev/null; then
+  echo "[setup] installing $TRANSFORMERS_SPEC (test models)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "$TRANSFORMERS_SPEC"
+fi
+if ! "$VENV/bin/python" -c "import torchvision" 2>/dev/null; then
+  "$VENV/bin/pip" uninstall -q -y torchvision >/dev/null 2>&1 || true
+  echo "[setup] installing $TORCHVISION_SPEC from $TORCHVISION_INDEX (test models)"
+  if ! "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --retries 1 --timeout 20 \
+      --index-url "$TORCHVISION_INDEX" "$TORCHVISION_SPEC" pillow ||
+     ! "$VENV/bin/python" -c "import torchvision" 2>/dev/null; then
+    echo "[setup] warning: $TORCHVISION_SPEC is not available here; continuing without torchvision"
+    "$VENV/bin/pip" uninstall -q -y torchvision >/dev/null 2>&1 || true
+  fi
+fi
 # NVRTC, so that CI (no GPU) compiles the generated CUDA kernels; pinned, and on local disk
 # here. Optional: without it the NVRTC tests skip and say why. torch's CUDA builds bring their
 # own copy (nvidia-cuda-nvrtc, or -cu12 for CUDA 12), which is kept.

@@ -24,7 +24,7 @@ cmake --build "$root/build/cpp-tests"
 
 echo "[test] Python tests"
 cd "$root/tests/python"  # import the installed package, not the source tree
-python -m pytest -q -p no:cacheprovider "$@" "$root/tests/python" "$root/tests/fuzz"
+python -m pytest -q -p no:cacheprovider "$@" "$root/tests/python" "$root/tests/fuzz" "$root/tests/models"
 
 # The same Python tests against a build with AddressSanitizer and UBSan: memory errors that an
 # optimized build survives by luck (or that only crash elsewhere) fail here.
@@ -40,5 +40,5 @@ if [ "${KERAUNOS_SANITIZE:-1}" != "0" ] && command -v gcc >/dev/null; then
   LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   PYTHONPATH="$root/build/asan-pkg" \
-    python -m pytest -q -p no:cacheprovider "$root/tests/python" "$root/tests/fuzz"
+    python -m pytest -q -p no:cacheprovider "$root/tests/python" "$root/tests/fuzz" "$root/tests/models"
 fi
