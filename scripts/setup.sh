@@ -19,6 +19,23 @@ if ! "$VENV/bin/python" -c "import torch, nanobind, scikit_build_core, pytest, r
   "$VENV/bin/pip" install -q --disable-pip-version-check "$TORCH_SPEC" numpy \
     "nanobind>=2.0" "scikit-build-core>=0.10" cmake ninja pytest ruff
 fi
+# Test-only model zoos (tests/models skips without them), pinned. transformers 4.57 has no hard
+# dependency on torch. torchvision 0.28.0 is the release made for torch 2.13; installed with
+# --no-deps so it never replaces the CPU torch. The registry's wheel is a CUDA build whose C++
+# operators cannot load against a CPU torch: its models are plain PyTorch, and
+# keraunos.testing.import_torchvision() defines the two operator schemas its Python modules
+# register fake kernels for, so that it imports (tests/conftest.py does this first).
+TRANSFORMERS_SPEC="${KERAUNOS_TRANSFORMERS:-transformers==4.57.6}"
+TORCHVISION_SPEC="${KERAUNOS_TORCHVISION:-torchvision==0.28.0}"
+if ! "$VENV/bin/pip" show -q transformers >/dev/null 2>&1; then
+  echo "[setup] installing $TRANSFORMERS_SPEC (test models)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "$TRANSFORMERS_SPEC"
+fi
+if ! "$VENV/bin/pip" show -q torchvision >/dev/null 2>&1; then
+  echo "[setup] installing $TORCHVISION_SPEC and pillow (test models)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "$TORCHVISION_SPEC" pillow ||
+    echo "[setup] warning: $TORCHVISION_SPEC did not install; its model tests will skip"
+fi
 # NVRTC, so that CI (no GPU) compiles the generated CUDA kernels; pinned, and on local disk
 # here. Optional: without it the NVRTC tests skip and say why. torch's CUDA builds bring their
 # own copy (nvidia-cuda-nvrtc, or -cu12 for CUDA 12), which is kept.

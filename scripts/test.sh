@@ -47,7 +47,7 @@ run_cpp_tests() {
 
 run_python_tests() {
   cd "$root/tests/python"  # import the installed package, not the source tree
-  python -m pytest -q -p no:cacheprovider "$@" "$root/tests/python" "$root/tests/fuzz"
+  python -m pytest -q -p no:cacheprovider "$@" "$root/tests/python" "$root/tests/fuzz" "$root/tests/models"
 }
 
 # The same Python tests against a build with AddressSanitizer and UBSan: memory errors that an
@@ -64,7 +64,7 @@ run_python_tests_asan() {
   LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   PYTHONPATH="$root/build/asan-pkg" \
-    python -m pytest -q -p no:cacheprovider "$root/tests/python" "$root/tests/fuzz"
+    python -m pytest -q -p no:cacheprovider "$root/tests/python" "$root/tests/fuzz" "$root/tests/models"
 }
 
 stage "ruff" run_ruff

@@ -15,3 +15,7 @@ if _nvrtc_available():
 
 # Collect the ops that acquired traces contain, for tests/python/test_zz_op_coverage.py.
 importlib.import_module("keraunos.jit").OP_COVERAGE = set()
+
+# torchvision (test models) imports even where its C++ operators cannot load next to a CPU torch;
+# transformers imports it when present, so this comes before any model import.
+importlib.import_module("keraunos.testing").import_torchvision()

@@ -11,7 +11,10 @@ nodes become regions compiled by `keraunos.jit`, runs of unsupported nodes becom
 eagerly (torch.fx.passes.split_module, original order kept so that in-place ops run in program
 order). A region whose keraunos compile is refused at trace time (NotImplementedError: something
 the per-node check cannot see, such as an unsupported argument) runs eagerly from then on, with
-the error recorded as its reason. `keraunos.explain(compiled)` prints the graphs, regions,
+the error recorded as its reason; so does one whose arguments the dispatcher refuses
+(keraunos._C.UnsupportedCall). Nodes inside a torch.func transform that Dynamo inlined
+(torch.vmap, as Hugging Face models build their causal masks; grad; jvp) run eagerly: their
+tensors are functorch wrappers. `keraunos.explain(compiled)` prints the graphs, regions,
 reasons and traces; `keraunos.compile_stats(compiled)` aggregates over them.
 """
 
@@ -26,7 +29,7 @@ import weakref
 
 import torch
 
-from . import torch_map
+from . import _C, torch_map
 from ._dtypes import TORCH_TO_KR
 from .jit import JittedFunction, jit
 from .jit import compile_stats as _jit_compile_stats
@@ -185,6 +188,26 @@ def _op_reason(node, gm) -> str | None:
     return f"FX node {node.op} is not supported"
 
 
+def _functorch_nesting(node) -> int:
+    """+1 for a node that enters a torch.func transform level (torch.vmap, grad, jvp, ...: Dynamo
+    inlines them as `_vmap_increment_nesting` ... `_vmap_decrement_nesting`), -1 for one that
+    leaves it, else 0."""
+    if node.op != "call_function":
+        return 0
+    name = getattr(node.target, "__name__", "")
+    if name.endswith("_increment_nesting"):
+        return 1
+    if name.endswith("_decrement_nesting"):
+        return -1
+    return 0
+
+
+_TRANSFORMED = (
+    "inside a torch.func transform (torch.vmap, grad, jvp, ...): its tensors are functorch "
+    "wrappers keraunos cannot run on; runs eagerly"
+)
+
+
 def _neutral(node) -> bool:
     """Nodes with no tensor work (indexing a tuple, reading metadata, int arithmetic): they join
     whichever region they follow instead of starting one."""
@@ -293,6 +316,12 @@ class Region:
                     self.kind = "eager"
                     self.fell_back = True
                     self.reasons.append(f"keraunos refused it while tracing: {e}")
+                except _C.UnsupportedCall as e:
+                    # Refused by the dispatcher before anything ran (say, a tensor without
+                    # storage): eager from now on.
+                    self.kind = "eager"
+                    self.fell_back = True
+                    self.reasons.append(f"keraunos refused its arguments: {e}")
             return self.module(*args)
         finally:
             if self.grad_after is not None:
@@ -339,15 +368,22 @@ class CompiledGraph:
     def _split(self):
         gm = self.gm
         assign: dict[torch.fx.Node, int] = {}
+        depth = 0  # torch.func transform levels entered (their bodies run eagerly)
         for node in gm.graph.nodes:
             if node.op in ("placeholder", "get_attr", "output"):
                 continue
-            if _neutral(node) and self.regions:
+            nesting = _functorch_nesting(node)
+            depth = max(depth + min(nesting, 0), 0)
+            if depth > 0 and nesting == 0:
+                reason = _TRANSFORMED
+                kind = "eager"
+            elif _neutral(node) and self.regions:
                 reason = None
                 kind = self.regions[-1].kind
             else:
                 reason = unsupported_reason(node, gm)
                 kind = "eager" if reason else "keraunos"
+            depth += max(nesting, 0)
             if not self.regions or self.regions[-1].kind != kind:
                 self.regions.append(Region(len(self.regions), kind))
             region = self.regions[-1]

@@ -226,3 +226,31 @@ def compare(
         if not check_alias or alias_pattern(jit_args, actual) == alias_pattern(eager_args, expected)
         else f"aliasing: {alias_pattern(jit_args, actual)} vs eager {alias_pattern(eager_args, expected)}"
     )
+
+
+def import_torchvision():
+    """Imports torchvision, or returns None when it is not installed. A torchvision whose C++
+    operators cannot load (the registry's CUDA wheel next to a CPU torch) still has plain
+    PyTorch models: the operator schemas its Python modules register fake kernels for are then
+    defined, and it is imported again (its detection ops raise when called)."""
+    import importlib.util
+    import sys
+
+    global _TV_LIB
+    if importlib.util.find_spec("torchvision") is None:
+        return None
+    try:
+        import torchvision
+    except RuntimeError as e:
+        if "torchvision::" not in str(e) or _TV_LIB is not None:
+            raise
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        _TV_LIB = torch.library.Library("torchvision", "FRAGMENT")
+        for op in ("nms", "qnms"):
+            _TV_LIB.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        import torchvision
+    return torchvision
+
+
+_TV_LIB = None

@@ -206,6 +206,96 @@ def test_grad_mode_inside_the_graph():
 
 
 # ---------------------------------------------------------------------------------------------
+# torch.func transforms and tensors without storage (Hugging Face causal LMs build their masks
+# with nested torch.vmap: the dispatcher used to dereference NULL on these and kill the process).
+
+
+def causal_mask_like_transformers(ids, w):
+    # transformers 4.57's masking_utils: a mask function vmapped over batch, head, query and
+    # key indices, then used by supported ops around it.
+    b, t = ids.shape
+    kv = torch.arange(t) + 0
+    q = torch.arange(t)
+
+    def allowed(bi, hi, qi, ki):
+        return ki.le(qi)
+
+    fn = allowed
+    for dims in (
+        (None, None, None, 0),
+        (None, None, 0, None),
+        (None, 0, None, None),
+        (0, None, None, None),
+    ):
+        fn = torch.vmap(fn, in_dims=dims)
+    mask = fn(torch.arange(b), torch.arange(1), q, kv)
+    x = F.embedding(ids, w)
+    scores = (x @ x.transpose(-1, -2)).unsqueeze(1)
+    return scores.masked_fill(~mask, float("-inf")).softmax(-1)
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+def test_vmap_inside_the_graph_runs_eagerly(fusion):
+    ids = torch.randint(0, 16, (2, 5))
+    w = torch.randn(16, 8)
+    compiled = torch.compile(
+        causal_mask_like_transformers, backend="keraunos", options={"fusion": fusion}
+    )
+    expected = causal_mask_like_transformers(ids, w)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(ids, w), expected)
+    text = explain_text(compiled)
+    assert "inside a torch.func transform" in text
+    stats = keraunos.compile_stats(compiled)
+    assert stats["keraunos_regions"] >= 1 and stats["fallbacks"] == 0
+
+
+def test_jit_under_a_torch_func_transform_is_a_clear_error():
+    def f(x, y):
+        return x * y + 1
+
+    jf = keraunos.jit(f)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    with pytest.raises(keraunos._C.UnsupportedCall, match="transformed by torch.func"):
+        torch.vmap(jf)(x, y)  # two tensors: the alias check used to crash here
+    with pytest.raises(NotImplementedError, match="transformed by torch.func"):
+        torch.vmap(jf, in_dims=(0, None))(x, y[0])
+    with pytest.raises(NotImplementedError, match="transformed by torch.func"):
+        torch.vmap(keraunos.jit(torch.sin))(x)  # one tensor
+    with pytest.raises(NotImplementedError, match="transformed by torch.func"):
+        torch.func.grad(lambda a: jf(a, a).sum())(torch.randn(3))
+    # Outside the transform the same function still compiles and runs.
+    torch.testing.assert_close(jf(x, y), f(x, y))
+    assert torch.vmap(f)(x, y).shape == (3, 4)
+
+
+def test_tensor_without_storage_is_refused_not_a_crash():
+    jf = keraunos.jit(lambda u, v: u + v)
+    s = torch.ones(3).to_sparse()  # data_ptr() raises: no strided storage
+    with pytest.raises(keraunos._C.UnsupportedCall, match="no storage"):
+        jf(s, s.clone())
+    with pytest.raises(NotImplementedError, match="argument 1 .*no storage"):
+        jf(torch.ones(3), s)
+
+
+def test_dispatcher_refusal_falls_back_to_eager_in_a_region():
+    # A region whose arguments the dispatcher refuses at call time runs eagerly from then on.
+    def f(x, y):
+        return (x * y).sin() + 1
+
+    compiled = keraunos.compile(f)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    torch.testing.assert_close(compiled(x, y), f(x, y))
+    (graph,) = keraunos.dynamo._graphs(compiled)
+    (region,) = graph.regions
+    (out,) = torch.vmap(region)(x, y)  # Dynamo graphs return tuples
+    torch.testing.assert_close(out, f(x, y))
+    assert region.kind == "eager" and region.fell_back
+    assert "transformed by torch.func" in explain_text(compiled)
+    torch.testing.assert_close(compiled(x, y), f(x, y))
+
+
+# ---------------------------------------------------------------------------------------------
 # Guards and recompiles.
 
 

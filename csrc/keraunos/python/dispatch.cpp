@@ -5,8 +5,11 @@
 
 #include "keraunos/ir/error.h"
 
+#include <nanobind/stl/string.h>
+
 #include <cstring>
 #include <functional>
+#include <string>
 
 namespace keraunos::py {
 
@@ -44,17 +47,56 @@ const Interned& names() {
   return n;
 }
 
+// Takes a new reference (NULL when the call that produced it failed: its error is raised).
 int64_t as_i64(PyObject* o) {
+  if (!o) throw nb::python_error();
   int64_t v = PyLong_AsLongLong(o);
   Py_DECREF(o);
+  if (v == -1 && PyErr_Occurred()) throw nb::python_error();
   return v;
 }
 
+// Takes a new reference to a tuple of ints (a torch.Size or a stride tuple).
 void push_tuple(std::vector<int64_t>& out, PyObject* tup) {
+  if (!tup) throw nb::python_error();
+  nb::object owner = nb::steal(tup);
+  if (!PyTuple_Check(tup)) throw nb::type_error("keraunos: expected a tuple of ints");
   Py_ssize_t n = PyTuple_GET_SIZE(tup);
   out.push_back(n);
-  for (Py_ssize_t i = 0; i < n; ++i) out.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(tup, i)));
-  Py_DECREF(tup);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    int64_t v = PyLong_AsLongLong(PyTuple_GET_ITEM(tup, i));
+    if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+    out.push_back(v);
+  }
+}
+
+const char* utf8(PyObject* s) {
+  const char* c = PyUnicode_AsUTF8(s);
+  if (!c) throw nb::python_error(); // e.g. a lone surrogate
+  return c;
+}
+
+// torch._C._functorch's interpreter-stack query and wrapped-tensor test, or nullptr when this
+// torch has none.
+struct Functorch {
+  PyObject *peek = nullptr, *is_wrapped = nullptr;
+  Functorch() {
+    PyObject* mod = PyImport_ImportModule("torch._C._functorch");
+    if (mod) {
+      peek = PyObject_GetAttrString(mod, "peek_interpreter_stack");
+      is_wrapped = PyObject_GetAttrString(mod, "is_functorch_wrapped_tensor");
+      Py_DECREF(mod);
+    }
+    if (!peek || !is_wrapped) {
+      PyErr_Clear();
+      Py_CLEAR(peek);
+      Py_CLEAR(is_wrapped);
+    }
+  }
+};
+const Functorch& functorch() {
+  static const Functorch f; // leaked on purpose: lives as long as the interpreter
+  return f;
 }
 
 } // namespace
@@ -80,25 +122,23 @@ void Dispatcher::walk(PyObject* o, CallKey& key, std::vector<PyObject*>& tensors
     if (!dtype) throw nb::python_error();
     k.push_back(reinterpret_cast<int64_t>(dtype)); // torch.dtype objects are singletons
     Py_DECREF(dtype);
-    PyObject* shape = PyObject_GetAttr(o, n.shape);
-    if (!shape) throw nb::python_error();
-    push_tuple(k, shape);
+    push_tuple(k, PyObject_GetAttr(o, n.shape));
     PyObject* stride = PyObject_CallMethodNoArgs(o, n.stride);
     if (!stride) {
       // Sparse, nested and other layouts without strides: a named refusal, not torch's
       // "do not have strides" from inside the signature walk.
       nb::python_error torch_error; // takes (and clears) torch's error
-      std::string layout = nb::cast<std::string>(nb::str(nb::handle(o).attr("layout")));
-      KR_CHECK(false, NotImplemented, "keraunos: a tensor argument without strides (layout ",
-               layout,
-               ") is not supported; pass a strided (dense) tensor");
+      throw UnsupportedCall("keraunos: a tensor argument without strides (layout " +
+                            nb::cast<std::string>(nb::str(nb::handle(o).attr("layout"))) +
+                            ") is not supported; pass a strided (dense) tensor");
     }
     push_tuple(k, stride);
     k.push_back(as_i64(PyObject_CallMethodNoArgs(o, n.storage_offset)));
     k.push_back(as_i64(PyObject_CallMethodNoArgs(o, n.get_device)));
     PyObject* rg = PyObject_GetAttr(o, n.requires_grad);
+    if (!rg) throw nb::python_error();
     k.push_back(rg == Py_True);
-    Py_XDECREF(rg);
+    Py_DECREF(rg);
     tensors.push_back(o);
     return;
   }
@@ -112,7 +152,9 @@ void Dispatcher::walk(PyObject* o, CallKey& key, std::vector<PyObject*>& tensors
     int overflow = 0;
     k.push_back(PyLong_AsLongLongAndOverflow(o, &overflow));
     if (overflow) {
-      k.push_back(PyObject_Hash(o));
+      Py_hash_t h = PyObject_Hash(o);
+      if (h == -1) throw nb::python_error();
+      k.push_back(h);
       keep.push_back(nb::borrow(o));
     }
   } else if (PyFloat_Check(o)) {
@@ -123,7 +165,7 @@ void Dispatcher::walk(PyObject* o, CallKey& key, std::vector<PyObject*>& tensors
     k.push_back(bits);
   } else if (PyUnicode_Check(o)) {
     k.push_back(kStr);
-    key.strs.emplace_back(PyUnicode_AsUTF8(o));
+    key.strs.emplace_back(utf8(o));
   } else if (PyTuple_Check(o) || PyList_Check(o)) {
     bool tup = PyTuple_Check(o);
     Py_ssize_t n = tup ? PyTuple_GET_SIZE(o) : PyList_GET_SIZE(o);
@@ -138,7 +180,7 @@ void Dispatcher::walk(PyObject* o, CallKey& key, std::vector<PyObject*>& tensors
     Py_ssize_t pos = 0;
     while (PyDict_Next(o, &pos, &dk, &dv)) {
       if (PyUnicode_Check(dk)) {
-        key.strs.emplace_back(PyUnicode_AsUTF8(dk));
+        key.strs.emplace_back(utf8(dk));
       } else {
         walk(dk, key, tensors, keep);
       }
@@ -152,18 +194,58 @@ void Dispatcher::walk(PyObject* o, CallKey& key, std::vector<PyObject*>& tensors
   }
 }
 
+// Inside a torch.func transform (torch.vmap, torch.func.grad, jvp, ...) tensors are wrappers
+// whose shape is the per-example one and which have no storage of their own: keraunos can
+// neither key nor run on them. Refused before anything runs. Outside a transform this is one
+// call (the interpreter stack is empty).
+void Dispatcher::check_not_transformed(const std::vector<PyObject*>& tensors) {
+  const Functorch& ft = functorch();
+  if (!ft.peek || tensors.empty()) return;
+  PyObject* level = PyObject_CallNoArgs(ft.peek);
+  if (!level) throw nb::python_error();
+  bool active = level != Py_None;
+  Py_DECREF(level);
+  if (!active) return;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    PyObject* w = PyObject_CallOneArg(ft.is_wrapped, tensors[i]);
+    if (!w) throw nb::python_error();
+    bool wrapped = w == Py_True;
+    Py_DECREF(w);
+    if (wrapped)
+      throw UnsupportedCall(
+          "keraunos: tensor argument " + std::to_string(i) +
+          " is transformed by torch.func (torch.vmap, torch.func.grad, jvp, ...): keraunos "
+          "compiles functions of plain tensors only; call the jitted function outside the "
+          "transform (torch.compile runs such regions eagerly)");
+  }
+}
+
 // For each tensor, the index of the first earlier tensor sharing its storage, or -1.
 std::vector<int64_t> Dispatcher::alias_groups(const std::vector<PyObject*>& tensors) {
   const auto& n = names();
   std::vector<int64_t> bases(tensors.size()), groups(tensors.size(), -1);
   for (size_t i = 0; i < tensors.size(); ++i) {
     PyObject* t = tensors[i];
-    int64_t ptr = as_i64(PyObject_CallMethodNoArgs(t, n.data_ptr));
+    PyObject* p = PyObject_CallMethodNoArgs(t, n.data_ptr);
+    if (!p) {
+      // No storage (a wrapper tensor subclass, a functorch wrapper): nothing keraunos can run
+      // on. Refused with the reason torch gave.
+      nb::python_error err; // takes (and clears) the pending error
+      std::string why = "data_ptr() failed";
+      try {
+        why = nb::cast<std::string>(nb::str(err.value()));
+      } catch (...) {
+      }
+      PyTypeObject* ty = Py_TYPE(t);
+      throw UnsupportedCall("keraunos: tensor argument " + std::to_string(i) + " (" +
+                            ty->tp_name + ") has no storage keraunos can read: " + why);
+    }
+    int64_t ptr = as_i64(p);
     int64_t off = as_i64(PyObject_CallMethodNoArgs(t, n.storage_offset));
     PyObject* dtype = PyObject_GetAttr(t, n.dtype);
+    if (!dtype) throw nb::python_error();
+    nb::object dtype_owner = nb::steal(dtype);
     int64_t isz = as_i64(PyObject_GetAttr(dtype, n.itemsize));
-    Py_DECREF(dtype);
-    if (PyErr_Occurred()) throw nb::python_error();
     bases[i] = ptr - off * isz;
     if (bases[i] == 0) continue; // empty storages never alias
     for (size_t j = 0; j < i; ++j)
@@ -182,6 +264,7 @@ nb::object Dispatcher::call(nb::args args, nb::kwargs kwargs) {
   key.ints.reserve(32);
   walk(args.ptr(), key, tensors, keep);
   if (kwargs.size() > 0) walk(kwargs.ptr(), key, tensors, keep);
+  check_not_transformed(tensors);
   // Grad mode: a program compiled without it may use kernels that autograd cannot see.
   static PyObject* grad_enabled = [] {
     nb::object f = nb::module_::import_("torch").attr("is_grad_enabled");
@@ -213,8 +296,11 @@ nb::object Dispatcher::call(nb::args args, nb::kwargs kwargs) {
   } else {
     ++hits_;
   }
-  const Entry& e = it->second;
-  size_t n = tensors.size() + e.extra.size();
+  // Owned copies: the program may re-enter this dispatcher (clear(), a recursive call that
+  // compiles), which may invalidate the cache entry while the program still runs.
+  nb::object program = it->second.program, post = it->second.post;
+  std::vector<nb::object> extra = it->second.extra;
+  size_t n = tensors.size() + extra.size();
   PyObject* small[16];
   std::vector<PyObject*> big;
   PyObject** argv = small;
@@ -223,12 +309,12 @@ nb::object Dispatcher::call(nb::args args, nb::kwargs kwargs) {
     argv = big.data();
   }
   for (size_t i = 0; i < tensors.size(); ++i) argv[i + 1] = tensors[i];
-  for (size_t i = 0; i < e.extra.size(); ++i) argv[tensors.size() + i + 1] = e.extra[i].ptr();
-  PyObject* res = PyObject_Vectorcall(e.program.ptr(), argv + 1,
+  for (size_t i = 0; i < extra.size(); ++i) argv[tensors.size() + i + 1] = extra[i].ptr();
+  PyObject* res = PyObject_Vectorcall(program.ptr(), argv + 1,
                                       n | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
   if (!res) throw nb::python_error();
   nb::object out = nb::steal(res);
-  if (!e.post.is_none()) return e.post(out);
+  if (!post.is_none()) return post(out);
   return out;
 }
 

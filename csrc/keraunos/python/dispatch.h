@@ -1,12 +1,22 @@
 #pragma once
 #include <nanobind/nanobind.h>
 
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 namespace keraunos::py {
 namespace nb = nanobind;
+
+// A call the dispatcher refuses before anything runs: a tensor argument keraunos cannot read
+// (a torch.func-transformed tensor inside torch.vmap / torch.func.grad, a tensor with no
+// strided storage such as a sparse one, whose data_ptr() raises). Python sees
+// keraunos._C.UnsupportedCall, a subclass of NotImplementedError; torch.compile regions run
+// eagerly on it.
+struct UnsupportedCall : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 struct CallKey {
   std::vector<int64_t> ints;
@@ -20,6 +30,8 @@ struct CallKeyHash {
 
 // A jitted function's cache: call signature -> program. On a miss it calls
 // compile_fn(tensors, alias_groups, args, kwargs) -> (program, extra_inputs, post).
+// Every Python C-API result is checked: a failing attribute or method raises the Python
+// error (or UnsupportedCall), never dereferences NULL.
 class Dispatcher {
 public:
   Dispatcher(nb::object tensor_type, nb::object compile_fn);
@@ -42,6 +54,7 @@ private:
   void walk(PyObject* o, CallKey& key, std::vector<PyObject*>& tensors,
             std::vector<nb::object>& keep);
   std::vector<int64_t> alias_groups(const std::vector<PyObject*>& tensors);
+  void check_not_transformed(const std::vector<PyObject*>& tensors);
 
   nb::object tensor_type_;
   nb::object compile_fn_;

@@ -216,6 +216,9 @@ NB_MODULE(_C, m) {
         "trace"_a, "fusion_type"_a = "consecutive", "verify"_a = false,
         "default_float"_a = DType::Float32);
 
+  // Raised by the dispatcher for arguments it cannot run on (dispatch.h); torch.compile's
+  // regions fall back to eager on it.
+  nb::exception<py::UnsupportedCall>(m, "UnsupportedCall", PyExc_NotImplementedError);
   nb::class_<py::Dispatcher>(m, "Dispatcher", nb::type_slots(dispatcher_slots))
       .def(nb::init<nb::object, nb::object>())
       .def("__call__", &py::Dispatcher::call)
