@@ -85,7 +85,11 @@ def hf_models(s):
 
 
 def vision_models(s):
-    import torchvision
+    from keraunos.testing import import_torchvision
+
+    torchvision = import_torchvision()
+    if torchvision is None:
+        raise ImportError("torchvision is not installed")
 
     img = lambda: torch.randn(s["batch"], 3, 64, 64)  # noqa: E731
     return {

@@ -21,6 +21,7 @@ or re-point a tensor, and writes into memory that another argument of the same c
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import threading
@@ -143,14 +144,92 @@ def _dense(t) -> bool:
     return True
 
 
-def call(tr, func, args, kwargs, autocast=()):
+def call(tr, func, args, kwargs, autocast=(), closure_of=None):
     """Records `func(*args, **kwargs)` as a torch fallback symbol and returns its outputs
     (proxies where they are tensors). `autocast`: the autocast regions ((device_type, dtype,
-    cache_enabled), ...) the call runs in, while tracing and in the program."""
+    cache_enabled), ...) the call runs in, while tracing and in the program. `closure_of`: a
+    function whose closures (and theirs) may hold traced tensors `func` reads (a function
+    given to torch.vmap): they become inputs too."""
+    from .tracer import user_function_modes
+
+    captured = _captured_proxies(closure_of) if closure_of is not None else []
+    modes = user_function_modes()
     # Fake tensors are tensor subclasses: with the tracer's mode on, their methods would be
-    # traced too.
-    with torch._C.DisableTorchFunction():
-        return _call(tr, func, args, kwargs, autocast)
+    # traced too. The user's own torch function modes (say transformers' TransformGetItemToIndex
+    # around a vmap) stay, in the program too.
+    with _only_modes(modes):
+        return _call(tr, func, args, kwargs, autocast, captured, modes)
+
+
+@contextlib.contextmanager
+def _only_modes(modes):
+    """Runs with exactly `modes` on the torch function mode stack (the tracer's removed)."""
+    saved = []
+    while torch._C._len_torch_function_stack() > 0:
+        saved.append(torch._C._pop_torch_function_stack())
+    try:
+        for m in modes:
+            torch._C._push_on_torch_function_stack(m)
+        yield
+    finally:
+        while torch._C._len_torch_function_stack() > 0:
+            torch._C._pop_torch_function_stack()
+        for m in reversed(saved):
+            torch._C._push_on_torch_function_stack(m)
+
+
+def _captured_proxies(fn, seen=None):
+    """(cell, proxy) for every traced tensor held by a closure cell of `fn`, of the functions
+    its cells hold, and so on (tuples, lists and dicts of functions included)."""
+    seen = set() if seen is None else seen
+    out = []
+
+    def visit(obj, depth):
+        if depth > 8 or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, functools.partial):
+            for a in (obj.func, *obj.args, *obj.keywords.values()):
+                if isinstance(a, Proxy):
+                    _refuse(callable_name(fn), "reads a traced tensor bound by functools.partial")
+                visit(a, depth + 1)
+            return
+        if isinstance(obj, (tuple, list)):
+            for e in obj:
+                visit(e, depth + 1)
+            return
+        if isinstance(obj, dict):
+            for e in obj.values():
+                visit(e, depth + 1)
+            return
+        f = getattr(obj, "__func__", obj)  # bound methods
+        for cell in getattr(f, "__closure__", None) or ():
+            try:
+                v = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if isinstance(v, Proxy):
+                out.append((cell, v))
+            else:
+                visit(v, depth + 1)
+        wrapped = getattr(f, "__wrapped__", None)
+        if wrapped is not None:
+            visit(wrapped, depth + 1)
+
+    visit(fn, 0)
+    return out
+
+
+@contextlib.contextmanager
+def _cells_holding(captured, values):
+    old = [cell.cell_contents for cell, _ in captured]
+    try:
+        for (cell, _), v in zip(captured, values):
+            cell.cell_contents = v
+        yield
+    finally:
+        for (cell, _), v in zip(captured, old):
+            cell.cell_contents = v
 
 
 def _contiguous_strides(shape):
@@ -161,7 +240,7 @@ def _contiguous_strides(shape):
     return strides[::-1]
 
 
-def _call(tr, func, args, kwargs, autocast):
+def _call(tr, func, args, kwargs, autocast, captured, modes):
     from torch._subclasses.fake_tensor import (
         DataDependentOutputException,
         DynamicOutputShapeException,
@@ -192,6 +271,8 @@ def _call(tr, func, args, kwargs, autocast):
                 "torch's default generator",
             )
 
+    n_args = len(proxies)
+    proxies.extend(p for _, p in captured)
     mode = _fake_mode(tr)
     watch = _Watch()
     cps = [p._p for p in proxies]
@@ -205,7 +286,7 @@ def _call(tr, func, args, kwargs, autocast):
             for i, f in zip(tensor_pos, fakes):
                 fake_leaves[i] = f
             fa, fk = pytree.tree_unflatten(fake_leaves, spec)
-            with watch:
+            with watch, _cells_holding(captured, fakes[n_args:]):
                 out = func(*fa, **fk)
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
         raise NotImplementedError(
@@ -289,7 +370,18 @@ def _call(tr, func, args, kwargs, autocast):
         f = fakes[i]
         meta.append([f.dtype, f.device, list(f.shape), list(f.stride())])
     call_leaves = [None if i in set(tensor_pos) else v for i, v in enumerate(leaves)]
-    fid = _register(func, call_leaves, spec, tensor_pos, mutated, kinds, len(fresh_meta), autocast)
+    fid = _register(
+        func,
+        call_leaves,
+        spec,
+        tensor_pos,
+        mutated,
+        kinds,
+        len(fresh_meta),
+        autocast,
+        captured,
+        modes,
+    )
     op = "torch_fallback_random" if watch.random else "torch_fallback"
     res = record(op, name, (fid, name, proxies, meta), {}) if meta else ()
     res = list(res)
@@ -318,7 +410,9 @@ def _call(tr, func, args, kwargs, autocast):
     return pytree.tree_unflatten(result, out_spec)
 
 
-def _register(func, leaves, spec, tensor_pos, mutated, kinds, n_fresh, autocast) -> int:
+def _register(
+    func, leaves, spec, tensor_pos, mutated, kinds, n_fresh, autocast, captured, modes
+) -> int:
     """The closure the program calls: rebuilds the call from the runtime tensors, runs it on
     copies of the tensors it writes, returns its fresh outputs (with the traced strides) and
     the copies."""
@@ -336,12 +430,13 @@ def _register(func, leaves, spec, tensor_pos, mutated, kinds, n_fresh, autocast)
         for i, t in zip(tensor_pos, inputs):
             call_leaves[i] = t
         a, k = pytree.tree_unflatten(call_leaves, spec)
-        if autocast:
-            with contextlib.ExitStack() as regions:
+        if autocast or captured or modes:
+            with contextlib.ExitStack() as ctx:
                 for device_type, dtype, cache in autocast:
-                    regions.enter_context(
-                        torch.autocast(device_type, dtype=dtype, cache_enabled=cache)
-                    )
+                    ctx.enter_context(torch.autocast(device_type, dtype=dtype, cache_enabled=cache))
+                for m in modes:
+                    ctx.enter_context(m)
+                ctx.enter_context(_cells_holding(captured, inputs[len(tensor_pos) :]))
                 out = func(*a, **k)
         else:
             out = func(*a, **k)

@@ -179,6 +179,7 @@ class JittedFunction(_C.Dispatcher):
                 _unbound_method_error(e)
                 raise
             _register_dataclasses(out)
+            out = _object_nodes(out)
             leaves, spec = pytree.tree_flatten(out)
             c_leaves = []
             for leaf in leaves:
@@ -247,6 +248,91 @@ def _register_dataclasses(out, depth=0):
     elif isinstance(out, dict):
         for e in out.values():
             _register_dataclasses(e, depth + 1)
+
+
+class _ObjectNode:
+    """Stands, inside the output tree, for a Python object that holds traced tensors in its
+    attributes (a Hugging Face cache, a user's record): its tensors are outputs of the program,
+    and every call rebuilds a copy of the object around the new ones."""
+
+    def __init__(self, obj):
+        self.template = obj
+        self.children = []
+        _collect(obj, self.children, 0)
+
+
+def _holds_tensors(v, depth=0) -> bool:
+    if isinstance(v, (Proxy, torch.Tensor)):
+        return True
+    if depth > 8:
+        return False
+    if isinstance(v, (list, tuple)):
+        return any(_holds_tensors(e, depth + 1) for e in v)
+    if isinstance(v, dict):
+        return any(_holds_tensors(e, depth + 1) for e in v.values())
+    d = getattr(v, "__dict__", None)
+    return isinstance(d, dict) and any(_holds_tensors(e, depth + 1) for e in d.values())
+
+
+def _collect(v, out, depth):
+    if isinstance(v, (Proxy, torch.Tensor)):
+        out.append(v)
+    elif depth > 8:
+        return
+    elif isinstance(v, (list, tuple)):
+        for e in v:
+            _collect(e, out, depth + 1)
+    elif isinstance(v, dict):
+        for e in v.values():
+            _collect(e, out, depth + 1)
+    elif isinstance(getattr(v, "__dict__", None), dict):
+        for e in vars(v).values():
+            _collect(e, out, depth + 1)
+
+
+def _rebuild(v, it, depth=0):
+    import copy
+
+    if isinstance(v, (Proxy, torch.Tensor)):
+        return next(it)
+    if depth > 8 or not _holds_tensors(v):
+        return v
+    if isinstance(v, list):
+        return [_rebuild(e, it, depth + 1) for e in v]
+    if isinstance(v, tuple):
+        items = [_rebuild(e, it, depth + 1) for e in v]
+        return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
+    if isinstance(v, dict):
+        new = copy.copy(v)
+        for k, e in v.items():
+            new[k] = _rebuild(e, it, depth + 1)
+        return new
+    new = copy.copy(v)
+    for k, e in vars(v).items():
+        if _holds_tensors(e):
+            setattr(new, k, _rebuild(e, it, depth + 1))
+    return new
+
+
+pytree.register_pytree_node(
+    _ObjectNode,
+    lambda n: (n.children, n.template),
+    lambda children, template: _rebuild(template, iter(children)),
+)
+
+
+def _object_nodes(out):
+    """Output leaves that pytree does not know but that hold tensors become _ObjectNodes."""
+    leaves, spec = pytree.tree_flatten(out)
+    if not any(_unknown_holder(leaf) for leaf in leaves):
+        return out
+    return pytree.tree_unflatten(
+        [_ObjectNode(leaf) if _unknown_holder(leaf) else leaf for leaf in leaves], spec
+    )
+
+
+def _unknown_holder(leaf) -> bool:
+    return not isinstance(leaf, (Proxy, torch.Tensor)) and _holds_tensors(leaf)
 
 
 def _unbound_method_error(e: TypeError):

@@ -433,6 +433,39 @@ def _refused_rng_hook(name):
     return hook
 
 
+def user_function_modes() -> list:
+    """The torch function modes on the stack other than tracers' (bottom first)."""
+    return [
+        m
+        for m in (
+            torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())
+        )
+        if not isinstance(m, _Mode)
+    ]
+
+
+def _vmap_hook(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None, **kw):
+    """torch.vmap while tracing: the vmapped function, called on traced tensors (or reading
+    traced tensors from its closures), runs through torch as one fallback call."""
+    real = _RNG_ORIGINALS["vmap"](
+        func, in_dims, out_dims, randomness, chunk_size=chunk_size, **kw
+    )
+
+    def vmapped(*args, **kwargs):
+        from . import fallback
+
+        tr = current()
+        if tr is None:
+            return real(*args, **kwargs)
+        leaves = [*args, *kwargs.values()]
+        if not any(isinstance(a, Proxy) for a in leaves) and not fallback._captured_proxies(func):
+            return real(*args, **kwargs)  # on fake or real tensors (inside a fallback call)
+        return fallback.call(tr, real, args, kwargs, closure_of=func)
+
+    vmapped._kr_vmap_of = func
+    return vmapped
+
+
 def _rng_hooks(delta):
     global _rng_depth, _compiling_before
     with _RNG_LOCK:
@@ -447,8 +480,11 @@ def _rng_hooks(delta):
                 _RNG_ORIGINALS[name] = getattr(torch.random, name)
                 setattr(torch, name, hook)
                 setattr(torch.random, name, hook)
+            _RNG_ORIGINALS["vmap"] = torch.vmap
+            torch.vmap = torch.func.vmap = _vmap_hook
         elif delta < 0 and _rng_depth == 0:
             torch.compiler._is_compiling_flag = _compiling_before
+            torch.vmap = torch.func.vmap = _RNG_ORIGINALS.pop("vmap")
             for name, orig in _RNG_ORIGINALS.items():
                 setattr(torch, name, orig)
                 setattr(torch.random, name, orig)

@@ -316,3 +316,36 @@ def test_mse_loss(reduction):
         atol=1e-5,
         rtol=1e-5,
     )  # broadcasting (eager warns): through torch
+
+
+def test_vmap_runs_through_torch_with_traced_tensors_in_closures():
+    def f(x, pad):
+        def mask(q, k):
+            return (k <= q) & pad[k]  # pad: a traced tensor in the closure
+
+        inner = torch.vmap(mask, in_dims=(None, 0))
+        m = torch.vmap(inner, in_dims=(0, None))(torch.arange(4), torch.arange(4))
+        return torch.where(m, x, -1.0)
+
+    check(f, torch.randn(4, 4), torch.tensor([True, False, True, True]))
+
+
+def test_objects_holding_tensors_are_rebuilt_on_every_call():
+    class Cache:
+        def __init__(self, layers):
+            self.layers = layers
+            self.name = "cache"
+
+    def f(x):
+        return {"out": x + 1, "cache": Cache([(x * 2, x.sum()), (x.t(), None)])}
+
+    jf = keraunos.jit(f)
+    for _ in range(2):
+        x = torch.randn(2, 3)
+        o = jf(x)
+        c = o["cache"]
+        assert isinstance(c, Cache) and c.name == "cache" and c.layers[1][1] is None
+        torch.testing.assert_close(c.layers[0][0], x * 2)
+        torch.testing.assert_close(c.layers[0][1], x.sum())
+        torch.testing.assert_close(c.layers[1][0], x.t())
+    assert jf(x)["cache"] is not o["cache"]
