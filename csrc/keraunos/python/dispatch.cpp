@@ -128,8 +128,16 @@ void Dispatcher::walk(PyObject* o, CallKey& key, std::vector<PyObject*>& tensors
       // Sparse, nested and other layouts without strides: a named refusal, not torch's
       // "do not have strides" from inside the signature walk.
       nb::python_error torch_error; // takes (and clears) torch's error
-      throw UnsupportedCall("keraunos: a tensor argument without strides (layout " +
-                            nb::cast<std::string>(nb::str(nb::handle(o).attr("layout"))) +
+      std::string layout = "?";
+      if (PyObject* l = PyObject_GetAttrString(o, "layout")) {
+        if (PyObject* ls = PyObject_Str(l)) {
+          if (const char* c = PyUnicode_AsUTF8(ls)) layout = c;
+          Py_DECREF(ls);
+        }
+        Py_DECREF(l);
+      }
+      PyErr_Clear();
+      throw UnsupportedCall("keraunos: a tensor argument without strides (layout " + layout +
                             ") is not supported; pass a strided (dense) tensor");
     }
     push_tuple(k, stride);
