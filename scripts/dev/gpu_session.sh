@@ -80,6 +80,26 @@ for step in $STEPS; do
       test_elementwise.py test_reduction.py test_nn.py test_shape.py test_mutation_basic.py test_creation.py) >"$OUT/opsuite.log" 2>&1
     tail -15 "$OUT/opsuite.log"
     ;;
+  fallback)
+    # The torch fallback, grad-mode, autocast and vmap tests on CUDA tensors.
+    stamp "test_fallback on CUDA"
+    (cd tests/python && KERAUNOS_TEST_DEVICE=cuda timeout ${FALLBACK_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
+      test_fallback.py test_dynamo.py) >"$OUT/fallback.log" 2>&1
+    tail -8 "$OUT/fallback.log"
+    ;;
+  models)
+    # Real models in bfloat16: eager, torch.compile, keraunos.jit, torch.compile(backend=keraunos).
+    stamp "models (bf16)"
+    timeout ${MODELS_TIMEOUT:-420} python3 benchmarks/models.py --device cuda --dtype bfloat16 \
+      --size ${MODELS_SIZE:-small} --reps ${MODELS_REPS:-10} >"$OUT/models_bf16.log" 2>&1
+    cat "$OUT/models_bf16.log" | grep -v "^\s*$" | tail -60
+    ;;
+  modeltests)
+    stamp "tests/models on CUDA"
+    (cd tests/python && KERAUNOS_TEST_DEVICE=cuda timeout ${MODELTESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider \
+      ../models) >"$OUT/modeltests.log" 2>&1
+    tail -8 "$OUT/modeltests.log"
+    ;;
   cudafuzz)
     stamp "cuda fuzz"
     (cd /tmp && timeout ${CUDA_FUZZ_TIMEOUT:-240} python3 -m keraunos.fuzz --programs ${CUDA_FUZZ_PROGRAMS:-1000} \
