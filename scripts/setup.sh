@@ -14,10 +14,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV"
   "$PY" -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import torch, nanobind, scikit_build_core, pytest, ruff" 2>/dev/null; then
+# expecttest: torch.testing._internal (the OpInfo database of tests/opinfo) imports it.
+if ! "$VENV/bin/python" -c "import torch, nanobind, scikit_build_core, pytest, ruff, expecttest" 2>/dev/null; then
   echo "[setup] installing $TORCH_SPEC and build tools"
   "$VENV/bin/pip" install -q --disable-pip-version-check "$TORCH_SPEC" numpy \
-    "nanobind>=2.0" "scikit-build-core>=0.10" cmake ninja pytest ruff
+    "nanobind>=2.0" "scikit-build-core>=0.10" cmake ninja pytest ruff expecttest
 fi
 # NVRTC, so that CI (no GPU) compiles the generated CUDA kernels; pinned, and on local disk
 # here. Optional: without it the NVRTC tests skip and say why. torch's CUDA builds bring their
