@@ -207,7 +207,10 @@ def run_case(
     except Exception as e:
         what = f"{type(e).__name__}: {_short(e, 300)}"
         if _is_refusal(e):
-            return "refused", refusal_reason(str(e))
+            reason = refusal_reason(str(e))
+            if eager_error is not None:  # (the histogram's key drops what follows a ';')
+                reason += f"; eager raises {type(eager_error).__name__} here"
+            return "refused", reason
         if eager_error is not None and isinstance(e, type(eager_error)) and not _mentions_proxy(e):
             return "pass", f"both raise {type(eager_error).__name__}"
         where = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:])
