@@ -9,7 +9,7 @@ VENV="${KERAUNOS_VENV:-$root/.venv}"
 export PATH="$VENV/bin:$PATH"
 
 echo "[test] ruff"
-ruff check python tests benchmarks examples
+ruff check python tests benchmarks examples scripts
 
 if [ ! -f /usr/include/gtest/gtest.h ]; then
   echo "[test] installing GoogleTest (libgtest-dev)"
@@ -24,7 +24,8 @@ cmake --build "$root/build/cpp-tests"
 
 echo "[test] Python tests"
 cd "$root/tests/python"  # import the installed package, not the source tree
-python -m pytest -q -p no:cacheprovider "$@" "$root/tests/python" "$root/tests/fuzz"
+python -m pytest -q -p no:cacheprovider "$@" "$root/tests/python" "$root/tests/fuzz" \
+  "$root/tests/opinfo"
 
 # The same Python tests against a build with AddressSanitizer and UBSan: memory errors that an
 # optimized build survives by luck (or that only crash elsewhere) fail here.
