@@ -14,10 +14,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV"
   "$PY" -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import torch, nanobind, scikit_build_core, pytest, ruff" 2>/dev/null; then
+# expecttest: torch.testing._internal (the OpInfo database of tests/opinfo) imports it.
+if ! "$VENV/bin/python" -c "import torch, nanobind, scikit_build_core, pytest, ruff, expecttest" 2>/dev/null; then
   echo "[setup] installing $TORCH_SPEC and build tools"
   "$VENV/bin/pip" install -q --disable-pip-version-check "$TORCH_SPEC" numpy \
-    "nanobind>=2.0" "scikit-build-core>=0.10" cmake ninja pytest ruff
+    "nanobind>=2.0" "scikit-build-core>=0.10" cmake ninja pytest ruff expecttest
 fi
 # Test-only model zoos (tests/models skips without them), pinned. transformers 4.57 has no hard
 # dependency on torch. torchvision 0.28.0 is the release made for torch 2.13; installed with

@@ -30,7 +30,7 @@ stage() {
 }
 
 run_ruff() {
-  ruff check python tests benchmarks examples
+  ruff check python tests benchmarks examples scripts
 }
 
 run_cpp_tests() {
@@ -47,7 +47,8 @@ run_cpp_tests() {
 
 run_python_tests() {
   cd "$root/tests/python"  # import the installed package, not the source tree
-  python -m pytest -q -p no:cacheprovider "$@" "$root/tests/python" "$root/tests/fuzz" "$root/tests/models"
+  python -m pytest -q -p no:cacheprovider "$@" "$root/tests/python" "$root/tests/fuzz" "$root/tests/models" \
+    "$root/tests/opinfo"
 }
 
 # The same Python tests against a build with AddressSanitizer and UBSan: memory errors that an

@@ -104,6 +104,33 @@ def test_fallback_refuses_data_dependent_shapes():
         keraunos.jit(lambda x: torch.unique(x))(torch.randn(4))
 
 
+def test_mapping_sends_forms_it_does_not_take_to_the_fallback():
+    # tensor_split and addbmm_ have no op; batch_norm's op expects (N, C, ...).
+    check(lambda x: torch.tensor_split(x, [1, 3], dim=1), torch.randn(2, 5))
+    # (check_alias=False: an in-place call through the fallback returns a view of self, not
+    # self; known.)
+    check(
+        lambda x, a, b: x.addbmm_(a, b),
+        torch.randn(2, 4),
+        torch.randn(3, 2, 5),
+        torch.randn(3, 5, 4),
+        check_alias=False,
+    )
+    check(lambda x: F.batch_norm(x, None, None, training=True), torch.randn(0))
+    # torch.is_floating_point is metadata: concrete while tracing.
+    check(lambda x: x + 1 if torch.is_floating_point(x) else x, torch.randn(3))
+
+
+def test_mapping_refuses_what_the_fallback_cannot_make_exact():
+    with pytest.raises(NotImplementedError, match="keraunos: torch.tensor_split with a tensor"):
+        keraunos.jit(lambda x, i: torch.tensor_split(x, i))(torch.randn(5), torch.tensor([1, 3]))
+    # Eager resizes self to the result's shape here.
+    with pytest.raises(NotImplementedError, match="keraunos: torch.Tensor.addbmm_ resizes"):
+        keraunos.jit(lambda x, a, b: x.addbmm_(a, b))(
+            torch.randn(1), torch.randn(3, 2, 5), torch.randn(3, 5, 4)
+        )
+
+
 def test_fallback_refuses_effects_outside_tensors():
     def f(x):
         x.register_hook(lambda g: g)

@@ -691,6 +691,24 @@ def test_index_copy_and_select():
     )
 
 
+def test_index_copy_and_select_of_a_scalar():
+    # A 0-dim tensor is a 1-element vector to both; the result is 0-dim again.
+    s = torch.tensor(2.5)
+    check(lambda a, i: (a.index_select(0, i), a.index_select(-1, i[0])), s, torch.tensor([0]))
+    check(lambda a, i, v: a.index_copy(0, i, v), s, torch.tensor([0]), torch.tensor(-1.0))
+    check(lambda a, i, v: a.index_copy_(0, i, v), s, torch.tensor(0), torch.tensor([-1.0]))
+    check(
+        lambda a, i, v: a.index_copy(0, i, v), s, torch.tensor([], dtype=torch.long), torch.ones(0)
+    )
+    _jit_raises(
+        lambda a, i: a.index_select(0, i),
+        s,
+        torch.tensor([0, 0]),
+        exc=RuntimeError,
+        match="Index to scalar can have only 1 value",
+    )
+
+
 # --- cat / stack ----------------------------------------------------------------------------------
 
 

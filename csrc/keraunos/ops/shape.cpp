@@ -1008,8 +1008,14 @@ Arg impl_index_copy(Builder& b, const Arg::List& a) {
   }
   KR_CHECK(n == src_dim, Value, "index_copy_(): Number of indices (", n,
            ") should be equal to source.size(dim) (", src_dim, ")");
-  KR_CHECK(x->ndim() > 0, NotImplemented, "index_copy of a 0-dim tensor is not supported yet");
   TensorRef idx = p_reshape(b, index, {n});
+  if (x->ndim() == 0) {
+    // A scalar is a 1-element vector here (eager: the index can only be 0, or empty).
+    TensorRef r = b.call(OpId::prim_index_copy, {Arg(p_reshape(b, x, Shape{1})), Arg(int64_t{0}),
+                                                 Arg(idx), Arg(p_reshape(b, src, Shape{n}))})
+                      .tensor();
+    return Arg(p_reshape(b, r, Shape{}));
+  }
   TensorRef s = src->ndim() == x->ndim() ? src : p_reshape(b, src, Shape{1});
   return b.call(OpId::prim_index_copy, {Arg(x), Arg(dim), Arg(idx), Arg(s)});
 }
@@ -1021,8 +1027,17 @@ Arg impl_index_select(Builder& b, const Arg::List& a) {
   KR_CHECK(index->ndim() <= 1, Value, "index_select(): Index is supposed to be a vector");
   KR_CHECK(index->dtype == DType::Int64 || index->dtype == DType::Int32, Runtime,
            "index_select(): Expected dtype int32 or int64 for index");
-  KR_CHECK(x->ndim() > 0, NotImplemented, "index_select of a 0-dim tensor is not supported yet");
   TensorRef idx = p_reshape(b, index, {index->numel()});
+  if (x->ndim() == 0) {
+    // A scalar is a 1-element vector here; the result is a scalar again.
+    KR_CHECK(index->numel() == 1, Runtime,
+             "index_select(): Index to scalar can have only 1 value, got ", index->numel(),
+             " value(s)");
+    TensorRef r =
+        b.call(OpId::prim_take, {Arg(p_reshape(b, x, Shape{1})), Arg(idx), Arg(int64_t{0})})
+            .tensor();
+    return Arg(p_reshape(b, r, Shape{}));
+  }
   return b.call(OpId::prim_take, {Arg(x), Arg(idx), Arg(dim)});
 }
 

@@ -150,6 +150,16 @@ def _pos(tr, args, kwargs):
 register_handler([T.__pos__, torch.positive, T.positive], _pos)
 
 
+def _is_floating_point(tr, args, kwargs):
+    """torch.is_floating_point(x): metadata, concrete while tracing (torch's own function
+    refuses anything that is not a torch.Tensor)."""
+    (a,) = args
+    return a.dtype.is_floating_point
+
+
+register_handler([torch.is_floating_point], _is_floating_point)
+
+
 # Activations.
 def _act(op, inplace_op, params):
     """F.<act>(x, *params, inplace=False)."""

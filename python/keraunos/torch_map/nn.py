@@ -3,7 +3,7 @@ their torch, torch.Tensor and torch.nn.functional forms (nn modules call these).
 
 import torch
 
-from ..tracer import record
+from ..tracer import Proxy, record, where
 from . import register, register_handler, swap
 
 F = torch.nn.functional
@@ -12,6 +12,27 @@ T = torch.Tensor
 register([torch.matmul, T.matmul, T.__matmul__], "matmul")
 register(T.__rmatmul__, "matmul", swap)
 register([torch.bmm, T.bmm], "bmm")
+
+
+def _addbmm_(tr, args, kwargs):
+    """Tensor.addbmm_ runs through the torch fallback, except where eager resizes self to the
+    result's shape (self only broadcasts to it), which keraunos does not do."""
+    names = ["self", "batch1", "batch2"]
+    bound = dict(zip(names, args))
+    bound.update({k: v for k, v in kwargs.items() if k in names})
+    x, b1, b2 = (bound.get(k) for k in names)
+    if all(isinstance(t, Proxy) for t in (x, b1, b2)) and b1.ndim == 3 and b2.ndim == 3:
+        if tuple(x.shape) != (b1.shape[1], b2.shape[2]):
+            e = NotImplementedError(
+                f"keraunos: torch.Tensor.addbmm_ resizes its {list(x.shape)} self to "
+                f"{[b1.shape[1], b2.shape[2]]}; this is not supported (at {where()})"
+            )
+            e._kr_final = True
+            raise e
+    raise NotImplementedError("keraunos: addbmm_ has no op of its own")  # the fallback
+
+
+register_handler([T.addbmm_], _addbmm_)
 register(F.linear, "linear", out_ok=False)
 register(F.layer_norm, "layer_norm", out_ok=False)
 if hasattr(F, "rms_norm"):
@@ -48,6 +69,10 @@ def _batch_norm(tr, args, kwargs):
             if k not in defaults:
                 raise TypeError(f"batch_norm() missing required argument '{k}'")
             bound[k] = defaults[k]
+    if getattr(bound["input"], "ndim", 2) < 2:
+        # Eager takes a 1-D input (only the empty one succeeds) with rules of its own; the op
+        # expects (N, C, ...). Not final: the torch fallback runs eager's batch_norm.
+        raise NotImplementedError("keraunos: F.batch_norm of a 0-D or 1-D input")
     if bound["momentum"] is None:
         bound["momentum"] = 0.0  # eager passes momentum=0.0 through when None reaches F.batch_norm
     update = (

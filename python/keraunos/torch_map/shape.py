@@ -224,6 +224,25 @@ _reg([torch.chunk, T.chunk], "chunk", _plain, out_ok=False)
 _reg([torch.unbind, T.unbind], "unbind", _plain, out_ok=False)
 
 
+def _tensor_split(tr, args, kwargs):
+    """torch.tensor_split runs through the torch fallback, except with a traced tensor of
+    split points: the outputs' shapes would depend on its values."""
+    points = args[1] if len(args) > 1 else None
+    for k in ("indices_or_sections", "tensor_indices_or_sections", "indices", "sections"):
+        points = kwargs.get(k, points)
+    if isinstance(points, Proxy):
+        e = NotImplementedError(
+            "keraunos: torch.tensor_split with a tensor of split points has outputs whose "
+            f"shapes depend on tensor values (at {where()})"
+        )
+        e._kr_final = True
+        raise e
+    raise NotImplementedError("keraunos: tensor_split has no op of its own")  # the fallback
+
+
+register_handler([torch.tensor_split, T.tensor_split], _tensor_split)
+
+
 def _movedim(*args, **kw):
     a, rest = _self(args, kw)
     return (a, *rest), kw
