@@ -23,7 +23,7 @@ def to_kr_dtype(d: torch.dtype, what: str = "dtype"):
     try:
         return TORCH_TO_KR[d]
     except KeyError:
-        raise NotImplementedError(f"keraunos does not support {what} {d} yet") from None
+        raise NotImplementedError(f"keraunos: {what} {d} is not supported yet") from None
 
 
 def to_kr_device(d) -> "_C.Device":

@@ -107,3 +107,7 @@ def fallback(fid, name, inputs, outputs):
 
 def manual_seed(seed):
     torch.manual_seed(seed)
+
+
+def set_rng_state(state):
+    torch.set_rng_state(state)

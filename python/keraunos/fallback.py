@@ -144,7 +144,7 @@ def _dense(t) -> bool:
     return True
 
 
-def call(tr, func, args, kwargs, autocast=(), closure_of=None):
+def call(tr, func, args, kwargs, autocast=(), closure_of=None, random=False):
     """Records `func(*args, **kwargs)` as a torch fallback symbol and returns its outputs
     (proxies where they are tensors). `autocast`: the autocast regions ((device_type, dtype,
     cache_enabled), ...) the call runs in, while tracing and in the program. `closure_of`: a
@@ -158,7 +158,7 @@ def call(tr, func, args, kwargs, autocast=(), closure_of=None):
     # traced too. The user's own torch function modes (say transformers' TransformGetItemToIndex
     # around a vmap) stay, in the program too.
     with _only_modes(modes):
-        return _call(tr, func, args, kwargs, autocast, captured, modes)
+        return _call(tr, func, args, kwargs, autocast, captured, modes, random)
 
 
 @contextlib.contextmanager
@@ -240,7 +240,7 @@ def _contiguous_strides(shape):
     return strides[::-1]
 
 
-def _call(tr, func, args, kwargs, autocast, captured, modes):
+def _call(tr, func, args, kwargs, autocast, captured, modes, random):
     from torch._subclasses.fake_tensor import (
         DataDependentOutputException,
         DynamicOutputShapeException,
@@ -312,6 +312,13 @@ def _call(tr, func, args, kwargs, autocast, captured, modes):
     mutated = [i for i, s in enumerate(storages) if s in watch.written]
     for i in mutated:
         if before[i] != after[i]:
+            if name.endswith("_") and before[i][0] != after[i][0]:
+                # An in-place op whose result does not fit its input: eager raises here (fake
+                # tensors resize instead).
+                raise RuntimeError(
+                    f"output with shape {list(before[i][0])} doesn't match the broadcast shape "
+                    f"{list(after[i][0])} (in {name} at {where()})"
+                )
             _refuse(name, "resizes or re-strides a tensor in place; this is not supported")
     seen_storage = {}
     for i, s in enumerate(storages):
@@ -342,7 +349,10 @@ def _call(tr, func, args, kwargs, autocast, captured, modes):
                 _refuse(name, f"returns a {o.layout} {o.dtype} tensor; this is not supported")
             to_kr_dtype(o.dtype, f"{name} output dtype")
             s = StorageWeakRef(o.untyped_storage())
-            if s in first_of:
+            same = next((i for i, f in enumerate(fakes) if o is f), None)
+            if same is not None:
+                kinds.append(("self", same))  # the argument itself (an in-place op's result)
+            elif s in first_of:
                 if o.dtype != fakes[first_of[s]].dtype:
                     _refuse(
                         name,
@@ -382,7 +392,7 @@ def _call(tr, func, args, kwargs, autocast, captured, modes):
         captured,
         modes,
     )
-    op = "torch_fallback_random" if watch.random else "torch_fallback"
+    op = "torch_fallback_random" if watch.random or random else "torch_fallback"
     res = record(op, name, (fid, name, proxies, meta), {}) if meta else ()
     res = list(res)
     fresh_out = res[: len(fresh_meta)]
@@ -394,6 +404,8 @@ def _call(tr, func, args, kwargs, autocast, captured, modes):
     for j, (kind, v) in enumerate(kinds):
         if kind == "fresh":
             result.append(fresh_out[v])
+        elif kind == "self":
+            result.append(proxies[v])
         elif kind == "const":
             result.append(v)
         else:

@@ -321,13 +321,34 @@ pytree.register_pytree_node(
 )
 
 
+class _SizeNode:
+    """A torch.Size in the output tree (pytree would give back a plain tuple)."""
+
+    def __init__(self, size):
+        self.dims = list(size)
+
+
+pytree.register_pytree_node(
+    _SizeNode, lambda n: (n.dims, None), lambda dims, _: torch.Size(dims)
+)
+
+
 def _object_nodes(out):
-    """Output leaves that pytree does not know but that hold tensors become _ObjectNodes."""
-    leaves, spec = pytree.tree_flatten(out)
-    if not any(_unknown_holder(leaf) for leaf in leaves):
+    """Output leaves that pytree does not know but that hold tensors become _ObjectNodes;
+    torch.Size values become _SizeNodes."""
+    leaves, spec = pytree.tree_flatten(out, is_leaf=lambda x: isinstance(x, torch.Size))
+    if not any(_unknown_holder(leaf) or isinstance(leaf, torch.Size) for leaf in leaves):
         return out
     return pytree.tree_unflatten(
-        [_ObjectNode(leaf) if _unknown_holder(leaf) else leaf for leaf in leaves], spec
+        [
+            _ObjectNode(leaf)
+            if _unknown_holder(leaf)
+            else _SizeNode(leaf)
+            if isinstance(leaf, torch.Size)
+            else leaf
+            for leaf in leaves
+        ],
+        spec,
     )
 
 

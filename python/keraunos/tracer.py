@@ -272,6 +272,7 @@ def _install_operators():
     names = [
         "add",
         "radd",
+        "rdiv",
         "iadd",
         "sub",
         "rsub",
@@ -421,6 +422,23 @@ def _manual_seed_hook(seed):
     return torch.default_generator
 
 
+def _get_rng_state_hook():
+    """The generator's state, read in the program in order with the random ops around it."""
+    tr = current()
+    if tr is None:
+        return _RNG_ORIGINALS["get_rng_state"]()
+    from . import fallback
+
+    return fallback.call(tr, _RNG_ORIGINALS["get_rng_state"], (), {}, random=True)
+
+
+def _set_rng_state_hook(new_state):
+    tr = current()
+    if tr is None:
+        return _RNG_ORIGINALS["set_rng_state"](new_state)
+    record("set_rng_state", "torch.set_rng_state", (new_state,), {})
+
+
 def _refused_rng_hook(name):
     def hook(*args, **kwargs):
         if current() is None:
@@ -473,8 +491,12 @@ def _rng_hooks(delta):
         if delta > 0 and _rng_depth == 1:
             _compiling_before = torch.compiler._is_compiling_flag
             torch.compiler._is_compiling_flag = True
-            hooks = {"manual_seed": _manual_seed_hook}
-            for name in ("seed", "get_rng_state", "set_rng_state", "initial_seed"):
+            hooks = {
+                "manual_seed": _manual_seed_hook,
+                "get_rng_state": _get_rng_state_hook,
+                "set_rng_state": _set_rng_state_hook,
+            }
+            for name in ("seed", "initial_seed"):
                 hooks[name] = _refused_rng_hook(name)
             for name, hook in hooks.items():
                 _RNG_ORIGINALS[name] = getattr(torch.random, name)
@@ -602,7 +624,7 @@ def record(op: str, display: str, args, kwargs):
     return res
 
 
-_NO_DETACH = {"detach", "copy_", "manual_seed"}
+_NO_DETACH = {"detach", "copy_", "manual_seed", "set_rng_state"}
 
 
 def _detached(res):

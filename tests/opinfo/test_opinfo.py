@@ -18,12 +18,7 @@ SAMPLES = int(os.environ.get("KERAUNOS_OPINFO_SAMPLES", "4"))
 CONFIGS = [("consecutive", True), ("dataflow", False)]
 
 # op name -> why it fails today (a file outside the mapping table and the op library).
-XFAIL = {
-    "__rdiv__": "tracer.py: Proxy has no __rdiv__ (x.__rdiv__(2.0) raises AttributeError)",
-    "broadcast_shapes": "jit.py: a torch.Size result (x.shape too) comes back as a tuple",
-    "hash_tensor": "_dtypes.py/fallback.py: uint64 output raises NotImplementedError without "
-    "the 'keraunos:' prefix",
-}
+XFAIL: dict[str, str] = {}
 
 
 def _sweep_module():

@@ -177,10 +177,45 @@ def test_manual_seed_is_replayed_on_every_call():
     assert "_kr.manual_seed(42)" in _program(jf)
 
 
-def test_rng_state_calls_are_refused_while_tracing():
-    with pytest.raises(NotImplementedError, match="get_rng_state"):
-        keraunos.jit(lambda x: (torch.get_rng_state(), x)[1])(torch.randn(2))
-    torch.get_rng_state()  # restored outside tracing
+def test_rng_state_save_and_restore_is_replayed():
+    def f(x):
+        state = torch.get_rng_state()
+        torch.manual_seed(42)
+        y = F.dropout(x, 0.5) + torch.rand_like(x)
+        torch.set_rng_state(state)
+        return y, torch.rand(2)
+
+    jf = keraunos.jit(f)
+    x = torch.ones(6)
+    for _ in range(2):
+        torch.manual_seed(1)
+        ours, after_ours = jf(x), torch.rand(2)
+        torch.manual_seed(1)
+        ref, after_ref = f(x), torch.rand(2)
+        torch.testing.assert_close(ours, ref)
+        torch.testing.assert_close(after_ours, after_ref)
+    src = _program(jf)
+    assert "'torch.get_rng_state'" in src and "_kr.set_rng_state(" in src
+
+
+def test_seed_calls_are_refused_while_tracing():
+    with pytest.raises(NotImplementedError, match="torch.seed"):
+        keraunos.jit(lambda x: (torch.seed(), x)[1])(torch.randn(2))
+    torch.initial_seed()  # restored outside tracing
+
+
+def test_inplace_fallback_returns_its_argument():
+    x = torch.randn(2, 3)
+    r = keraunos.jit(lambda x, a, b: x.addr_(a, b))(x, torch.randn(2), torch.randn(3))
+    assert r is x
+
+
+def test_inplace_fallback_that_would_resize_raises_eagers_error():
+    check(lambda x, y: x.atan2_(y), torch.randn(5, 1), torch.randn(5))
+
+
+def test_rdiv():
+    check(lambda x: x.__rdiv__(2.0), torch.randn(3))
 
 
 def test_arange_positional_start_with_end_keyword():

@@ -25,5 +25,11 @@ Arg fallback_outputs(Builder& b, const Arg::List& a) {
 Arg impl_torch_fallback(Builder& b, const Arg::List& a) { return fallback_outputs(b, a); }
 Arg impl_torch_fallback_random(Builder& b, const Arg::List& a) { return fallback_outputs(b, a); }
 Arg impl_manual_seed(Builder&, const Arg::List&) { return Arg(); }
+Arg impl_set_rng_state(Builder&, const Arg::List& a) {
+  const auto& t = a[0].tensor();
+  KR_CHECK(t->dtype == DType::UInt8 && t->ndim() == 1, Type,
+           "RNG state must be a torch.ByteTensor");
+  return Arg();
+}
 
 } // namespace keraunos::ops
