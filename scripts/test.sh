@@ -42,6 +42,16 @@ run_cpp_tests() {
   cmake -S "$root" -B "$root/build/cpp-tests" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DKERAUNOS_BUILD_TESTS=ON -DKERAUNOS_BUILD_PYTHON=OFF >/dev/null
   cmake --build "$root/build/cpp-tests"
+  # The NVRTC that setup.sh installed (the nvidia-cuda-nvrtc wheel), so that the CUDA
+  # code-generation tests compile their kernels instead of skipping.
+  if [ -z "${KERAUNOS_NVRTC_LIBRARY:-}" ]; then
+    local nvrtc
+    nvrtc="$("$VENV/bin/python" -c 'import os, keraunos._cuda as c
+d = c.nvrtc_search_dirs()
+libs = sorted(f for f in os.listdir(d[0]) if f.startswith("libnvrtc.so")) if d else []
+print(os.path.join(d[0], libs[0]) if libs else "")' 2>/dev/null || true)"
+    if [ -n "$nvrtc" ]; then export KERAUNOS_NVRTC_LIBRARY="$nvrtc"; fi
+  fi
   cd "$root/build/cpp-tests" && ctest --output-on-failure
 }
 
