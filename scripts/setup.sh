@@ -29,6 +29,19 @@ if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ] &&
   "$VENV/bin/pip" install -q --disable-pip-version-check nvidia-cuda-nvrtc==13.0.88 ||
     echo "[setup] warning: nvidia-cuda-nvrtc did not install; CUDA compilation tests will skip"
 fi
+# The model suite (tests/models): transformers for tiny random-init Hugging Face models (no
+# download), torchvision for resnet18/mobilenet_v3_small. Pinned; --no-deps for torchvision so
+# that its exact torch pin does not replace the CPU build (PyPI's wheel is a CUDA build: its
+# C++ ops do not load with CPU torch, which the tests work around; the models need none).
+if ! "$VENV/bin/python" -c "import transformers" 2>/dev/null; then
+  echo "[setup] installing transformers==4.57.6"
+  "$VENV/bin/pip" install -q --disable-pip-version-check transformers==4.57.6
+fi
+if ! "$VENV/bin/pip" show -q torchvision >/dev/null 2>&1; then
+  echo "[setup] installing torchvision==0.28.0 (for torch 2.13.0) and pillow==13.0.0"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps torchvision==0.28.0 \
+    pillow==13.0.0
+fi
 echo "[setup] building keraunos"
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps "$root"
 echo "[setup] ready: $("$VENV/bin/python" -c 'import keraunos, torch; print("keraunos", keraunos.__version__, "torch", torch.__version__)')"

@@ -24,7 +24,7 @@ cmake --build "$root/build/cpp-tests"
 
 echo "[test] Python tests"
 cd "$root/tests/python"  # import the installed package, not the source tree
-python -m pytest -q -p no:cacheprovider "$@" "$root/tests/python" "$root/tests/fuzz"
+python -m pytest -q -p no:cacheprovider "$@" "$root/tests/python" "$root/tests/fuzz" "$root/tests/models"
 
 # The same Python tests against a build with AddressSanitizer and UBSan: memory errors that an
 # optimized build survives by luck (or that only crash elsewhere) fail here.
