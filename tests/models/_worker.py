@@ -2,7 +2,7 @@
 reported as that case's failure and the others still run. tests/models/test_models.py runs
 the torch.compile cases through it.
 
-    python _worker.py MODEL:ENTRY:FUSION_TYPE:MODE ...
+    python _worker.py MODEL:ENTRY:FUSION_TYPE:MODE:MASKS ...
 
 Imports torch, transformers, torchvision and keraunos once (running no torch op, so that the
 children start with no thread pools), then forks a child per case. Prints one line per case,
@@ -40,9 +40,9 @@ def _child(case: str, result_path: str, stderr_path: str) -> None:
     os.dup2(fd, 2)
     faulthandler.enable()  # a crash prints the Python stack to the case's stderr
     signal.alarm(CASE_TIMEOUT_S)
-    name, entry, fusion_type, mode = case.split(":")
+    name, entry, fusion_type, mode, masks = case.split(":")
     try:
-        model_cases.run_case(name, entry, fusion_type, mode)
+        model_cases.run_case(name, entry, fusion_type, mode, masks=masks)
         result = {"ok": True, "error": ""}
     except Exception as e:
         tb = traceback.format_exc(limit=-12)
@@ -81,8 +81,10 @@ def main(cases):
                 if os.path.exists(stderr_path):
                     with open(stderr_path, errors="replace") as f:
                         err = f.read()[-6000:]
-                result = {"ok": False, "error": f"the case's process crashed ({how}); its "
-                          f"stderr ends:\n{err}"}
+                result = {
+                    "ok": False,
+                    "error": f"the case's process crashed ({how}); its stderr ends:\n{err}",
+                }
             print(f"RESULT {case} {json.dumps(result)}", flush=True)
 
 

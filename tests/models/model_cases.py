@@ -14,6 +14,7 @@ subprocess, so that a crash (segfault) of one torch.compile case does not end th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import importlib.util
@@ -135,7 +136,11 @@ def _vit():
     )
     g = torch.Generator().manual_seed(1)
     x = torch.randn(BATCH, 3, 16, 16, generator=g)
-    return tf.ViTForImageClassification(config), {"pixel_values": x}, {"labels": torch.tensor([3, 7])}
+    return (
+        tf.ViTForImageClassification(config),
+        {"pixel_values": x},
+        {"labels": torch.tensor([3, 7])},
+    )
 
 
 def _whisper():
@@ -211,7 +216,10 @@ def _torchvision(name, size, **kw):
 # name -> (builder, package it needs)
 MODELS = {
     "llama": (_causal_lm("LlamaConfig", "LlamaForCausalLM"), "transformers"),
-    "mistral": (_causal_lm("MistralConfig", "MistralForCausalLM", sliding_window=4), "transformers"),
+    "mistral": (
+        _causal_lm("MistralConfig", "MistralForCausalLM", sliding_window=4),
+        "transformers",
+    ),
     "qwen2": (_causal_lm("Qwen2Config", "Qwen2ForCausalLM"), "transformers"),
     "gemma": (_causal_lm("GemmaConfig", "GemmaForCausalLM", head_dim=8), "transformers"),
     "phi3": (
@@ -261,17 +269,53 @@ def _wrap(model, entry, fusion_type):
 
 
 def _close(actual, expected, what):
-    torch.testing.assert_close(
-        actual, expected, atol=ATOL, rtol=RTOL, msg=lambda m: f"{what}: {m}"
-    )
+    torch.testing.assert_close(actual, expected, atol=ATOL, rtol=RTOL, msg=lambda m: f"{what}: {m}")
 
 
-def run_case(name: str, entry: str, fusion_type: str, mode: str, use_cache=False) -> None:
+# The models whose attention masks transformers builds with torch.vmap (masking_utils).
+VMAP_MASK_MODELS = ("llama", "mistral", "qwen2", "gemma", "phi3", "gpt2", "whisper")
+
+
+@contextlib.contextmanager
+def broadcast_masks():
+    """Makes transformers build attention masks by broadcasting instead of torch.vmap, for
+    eager and keraunos alike: the mask function is called once on index tensors shaped
+    (B,1,1,1), (1,H,1,1), (1,1,Q,1), (1,1,1,KV) (as transformers' sdpa_mask_older_torch does).
+    Separates what the models' bodies do from the vmap problems (test_models.py)."""
+    mu = importlib.import_module("transformers.masking_utils")
+
+    def bcast(mask_function, bh_indices=True):
+        def build(b, h, q, kv):
+            m = mask_function(
+                b[:, None, None, None],
+                h[None, :, None, None],
+                q[None, None, :, None],
+                kv[None, None, None],
+            )
+            return m.expand(b.shape[0], h.shape[0], q.shape[0], kv.shape[0])
+
+        return build
+
+    saved = mu._vmap_for_bhqkv, mu.TransformGetItemToIndex
+    mu._vmap_for_bhqkv, mu.TransformGetItemToIndex = bcast, contextlib.nullcontext
+    try:
+        yield
+    finally:
+        mu._vmap_for_bhqkv, mu.TransformGetItemToIndex = saved
+
+
+def run_case(
+    name: str, entry: str, fusion_type: str, mode: str, use_cache=False, masks="vmap"
+) -> None:
     """Raises AssertionError (with what differs) when keraunos and eager disagree.
 
     Hugging Face models run with use_cache=False (where they take it): with a cache, the
     outputs hold a Cache object (past_key_values), which keraunos.jit cannot return
-    (test_jit_returns_cache_object)."""
+    (test_jit_returns_cache_object). masks="broadcast": under broadcast_masks()."""
+    if masks == "broadcast":
+        with broadcast_masks():
+            return run_case(name, entry, fusion_type, mode, use_cache)
+    assert masks == "vmap", masks
     build = MODELS[name][0]
     torch.manual_seed(0)
     model, inputs, labels = build()
@@ -312,4 +356,3 @@ def run_case(name: str, entry: str, fusion_type: str, mode: str, use_cache=False
             _close(b, e_bufs[bname], f"buffer {bname}")
     if entry == "compile":
         torch._dynamo.reset()
-

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 import model_cases
-from model_cases import MODELS
+from model_cases import MODELS, VMAP_MASK_MODELS
 
 ENTRIES = ("jit", "compile")
 FUSION_TYPES = ("consecutive", "dataflow")
@@ -26,7 +26,12 @@ MODES = ("eval", "train")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _WORKER_TIMEOUT_S = 1800  # all the compile cases
 
-# Cases known to fail: (model, entry, mode) -> reason, for both fusion types. Each is
+# The models whose attention masks transformers builds with torch.vmap also run a second
+# time with masks="broadcast" (model_cases.broadcast_masks: the same masks built by
+# broadcasting, in eager and keraunos alike), which tests the rest of the model while the
+# vmap cases fail. Test ids: <model>-<entry>-<fusion type>-<mode>[-bcastmask].
+
+# Known failures: (model, entry, mode, masks) -> reason, for both fusion types. Each is
 # xfail(strict=True): when one starts passing, the suite says so.
 _VMAP = (
     "keraunos.jit: transformers' masking_utils builds the attention mask with torch.vmap "
@@ -34,37 +39,44 @@ _VMAP = (
     "torch.vmap rejects keraunos' Proxy: 'We cannot vmap over non-Tensor arguments'"
 )
 _VMAP_SEGFAULT = (
-    "torch.compile(backend='keraunos') crashes (SIGSEGV) running the Dynamo graph of "
-    "transformers' vmap-built attention mask (branch fix-segfault)"
+    "torch.compile(backend='keraunos') crashes (SIGSEGV): the Dynamo graph of transformers' "
+    "vmap-built attention mask puts an op on functorch BatchedTensors (between "
+    "_add_batch_dim and _remove_batch_dim) into a keraunos region, whose jit call reads "
+    "their (absent) storage"
 )
 _WHISPER_LAYERDROP = (
     "keraunos.jit: WhisperEncoder in train mode branches on `torch.rand([]) < layerdrop` "
     "(LayerDrop): data-dependent control flow, which keraunos.jit refuses"
 )
-_VMAP_MODELS = ("llama", "mistral", "qwen2", "gemma", "phi3", "gpt2", "whisper")
-KNOWN_FAILURES: dict[tuple[str, str, str], str] = {}
-for _m in _VMAP_MODELS:
+KNOWN_FAILURES: dict[tuple[str, str, str, str], str] = {}
+for _m in VMAP_MASK_MODELS:
     for _mode in MODES:
-        KNOWN_FAILURES[(_m, "jit", _mode)] = _VMAP
-        KNOWN_FAILURES[(_m, "compile", _mode)] = _VMAP_SEGFAULT
-KNOWN_FAILURES[("whisper", "jit", "train")] = _WHISPER_LAYERDROP
+        KNOWN_FAILURES[(_m, "jit", _mode, "vmap")] = _VMAP
+        KNOWN_FAILURES[(_m, "compile", _mode, "vmap")] = _VMAP_SEGFAULT
+KNOWN_FAILURES[("whisper", "jit", "train", "vmap")] = _WHISPER_LAYERDROP
+KNOWN_FAILURES[("whisper", "jit", "train", "broadcast")] = _WHISPER_LAYERDROP
+
+_PARAMS = ("name", "entry", "fusion_type", "mode", "masks")
 
 
 def _cases():
     for name in MODELS:
-        for entry in ENTRIES:
-            for fusion_type in FUSION_TYPES:
-                for mode in MODES:
-                    reason = KNOWN_FAILURES.get((name, entry, mode))
-                    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-                    yield pytest.param(
-                        name,
-                        entry,
-                        fusion_type,
-                        mode,
-                        marks=marks,
-                        id=f"{name}-{entry}-{fusion_type}-{mode}",
-                    )
+        for masks in ("vmap", "broadcast") if name in VMAP_MASK_MODELS else ("vmap",):
+            for entry in ENTRIES:
+                for fusion_type in FUSION_TYPES:
+                    for mode in MODES:
+                        reason = KNOWN_FAILURES.get((name, entry, mode, masks))
+                        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+                        suffix = "-bcastmask" if masks == "broadcast" else ""
+                        yield pytest.param(
+                            name,
+                            entry,
+                            fusion_type,
+                            mode,
+                            masks,
+                            marks=marks,
+                            id=f"{name}-{entry}-{fusion_type}-{mode}{suffix}",
+                        )
 
 
 class _CompileRunner:
@@ -77,7 +89,7 @@ class _CompileRunner:
     def result(self, case: str, session) -> dict:
         if case not in self.results:
             selected = [
-                ":".join(item.callspec.params[k] for k in ("name", "entry", "fusion_type", "mode"))
+                ":".join(item.callspec.params[k] for k in _PARAMS)
                 for item in session.items
                 if getattr(item, "originalname", None) == "test_model"
                 and item.callspec.params["entry"] == "compile"
@@ -112,13 +124,13 @@ class _CompileRunner:
 _RUNNER = _CompileRunner()
 
 
-@pytest.mark.parametrize("name,entry,fusion_type,mode", list(_cases()))
-def test_model(name, entry, fusion_type, mode, request):
+@pytest.mark.parametrize(",".join(_PARAMS), list(_cases()))
+def test_model(name, entry, fusion_type, mode, masks, request):
     pytest.importorskip(MODELS[name][1])
     if entry == "jit":
-        model_cases.run_case(name, entry, fusion_type, mode)
+        model_cases.run_case(name, entry, fusion_type, mode, masks=masks)
         return
-    r = _RUNNER.result(f"{name}:{entry}:{fusion_type}:{mode}", request.session)
+    r = _RUNNER.result(f"{name}:{entry}:{fusion_type}:{mode}:{masks}", request.session)
     if not r["ok"]:
         pytest.fail(r["error"], pytrace=False)
 
