@@ -75,7 +75,8 @@ run_python_tests_asan() {
   LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   PYTHONPATH="$root/build/asan-pkg" \
-    python -m pytest -q -p no:cacheprovider "$root/tests/python" "$root/tests/fuzz" "$root/tests/models"
+    python -m pytest -q -p no:cacheprovider "$root/tests/python" "$root/tests/fuzz" \
+      "$root/tests/models" -k "not models or jit and consecutive"
 }
 
 stage "ruff" run_ruff
