@@ -595,6 +595,21 @@ def explain(fn, file=None, traces: str = "all") -> str:
             f"keraunos.explain: {getattr(fn, '__name__', type(fn).__name__)} (keraunos.jit)",
             file=out,
         )
+        from .jit import _jitted
+
+        sp = _jitted(fn)._split
+        if sp is not None:
+            # Data-dependent points: the program is split there (split.py).
+            print(
+                f"split at data-dependent points into {len(sp.nodes())} segment(s):",
+                file=out,
+            )
+            print(sp.describe(), file=out)
+            if traces != "none":
+                for i, node in enumerate(sp.nodes()):
+                    print(f"--- segment {i}: program ---", file=out)
+                    print(node.traces[-1], file=out)
+                print("--- the last compilation: traces ---", file=out)
         if traces != "none":
             ts = last_traces(fn)
             for t in ts if traces == "all" else ts[-1:]:

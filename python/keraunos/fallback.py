@@ -281,6 +281,7 @@ def _call(tr, func, args, kwargs, autocast, captured, modes, random):
     cps = [p._p for p in proxies]
     log_level = _fake_log.level
     _fake_log.setLevel(logging.CRITICAL)  # it logs every error it raises; we re-raise them
+    data_dependent = False
     try:
         with mode:
             fakes = _fakes(cps)
@@ -291,12 +292,8 @@ def _call(tr, func, args, kwargs, autocast, captured, modes, random):
             fa, fk = pytree.tree_unflatten(fake_leaves, spec)
             with watch, _cells_holding(captured, fakes[n_args:]):
                 out = func(*fa, **fk)
-    except (DataDependentOutputException, DynamicOutputShapeException) as e:
-        raise NotImplementedError(
-            f"keraunos: {name} has an output whose shape or value depends on tensor values "
-            f"({e}); keraunos traces values symbolically and cannot run it inside a jitted "
-            f"function (at {where()})"
-        ) from None
+    except (DataDependentOutputException, DynamicOutputShapeException):
+        data_dependent = True
     except UnsupportedOperatorException as e:
         raise NotImplementedError(
             f"keraunos: {name} is not supported: {e} has no shape function (at {where()})"
@@ -308,6 +305,8 @@ def _call(tr, func, args, kwargs, autocast, captured, modes, random):
         raise
     finally:
         _fake_log.setLevel(log_level)
+    if data_dependent:
+        return _point(name, func, args, kwargs, captured, autocast)
     storages = [StorageWeakRef(f.untyped_storage()) for f in fakes]
     after = [(tuple(f.shape), f.stride(), f.storage_offset()) for f in fakes]
 
@@ -373,7 +372,7 @@ def _call(tr, func, args, kwargs, autocast, captured, modes, random):
                 fresh_meta.append([o.dtype, o.device, list(o.shape), strides])
                 fresh_dense.append(dense)
         elif isinstance(o, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            _refuse(name, "returns a value that depends on tensor values")
+            return _point(name, func, args, kwargs, captured, autocast)
         else:
             kinds.append(("const", o))
 
@@ -423,6 +422,16 @@ def _call(tr, func, args, kwargs, autocast, captured, modes, random):
                 )
             )
     return pytree.tree_unflatten(result, out_spec)
+
+
+def _point(name, func, args, kwargs, captured, autocast):
+    """An op whose output's shape (or a returned number) depends on tensor values: the program
+    is split there and torch runs the op on the tensors (split.py)."""
+    from . import split
+
+    if captured or autocast:
+        _refuse(name, "has an output whose shape or value depends on tensor values")
+    return split.point(f"{name} (its output depends on tensor values)", func, args, kwargs)
 
 
 def _register(

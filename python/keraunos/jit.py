@@ -11,8 +11,8 @@ import warnings
 import torch
 import torch.utils._pytree as pytree
 
-from . import _C
-from ._dtypes import to_kr_device, to_kr_dtype
+from . import _C, split
+from ._dtypes import to_kr_dtype
 from .tracer import Proxy, Tracer, to_c
 
 # Tests set this to a set to collect the names of the ops that acquired traces contain.
@@ -110,7 +110,7 @@ def _storage_ids(groups):
 
 def _replace_tensors(obj, proxies):
     """Same traversal order as the C++ dispatcher's signature walk."""
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, (torch.Tensor, _Slot)):
         return next(proxies)
     if isinstance(obj, tuple):
         return tuple(_replace_tensors(e, proxies) for e in obj)
@@ -141,6 +141,7 @@ class JittedFunction(_C.Dispatcher):
         self._fusion_type = fusion_type
         self._fusion = _fusion_default() if fusion is None else bool(fusion)
         self._traces = None
+        self._split = None  # the SplitProgram of the last signature that has data-dependent points
         self._stats = Stats()
         functools.update_wrapper(self, fn, updated=())
 
@@ -149,67 +150,91 @@ class JittedFunction(_C.Dispatcher):
 
     def _compile(self, tensors, groups, args, kwargs):
         t_start = time.perf_counter()
-        default_float = to_kr_dtype(torch.get_default_dtype())
-        builder = _C.Builder(default_float)
         sids = _storage_ids(groups)
-        tracer = Tracer(builder)
-        proxies = []
-        for t, sid in zip(tensors, sids):
-            if type(t) not in (torch.Tensor, torch.nn.Parameter):
-                raise NotImplementedError(
-                    f"keraunos: tensor subclass {type(t).__name__} is not supported"
-                )
-            p = builder.add_input(
-                to_kr_dtype(t.dtype, "input dtype"),
-                to_kr_device(t.device),
-                list(t.shape),
-                list(t.stride()),
-                t.storage_offset(),
-                sid,
-                t.requires_grad,
+        tracer, pargs, pkwargs = self._start_trace(tensors, sids, args, kwargs)
+        try:
+            with tracer:
+                out = self._trace_call(pargs, pkwargs)
+                ret, post = self._returned(out)
+        except split.NeedsSplit:
+            # A data-dependent point: the function becomes a tree of programs, traced on
+            # this call (the dispatcher calls the program right away) with the values met.
+            slot = _Slot()
+            template = (
+                _replace_tensors(args, iter(lambda: slot, None)),
+                _replace_tensors(kwargs, iter(lambda: slot, None)),
             )
-            proxies.append(tracer.wrap_input(p))
+            sp = split.SplitProgram(self, sids, *template)
+            self._split = sp
+            return sp, (), None
+        program, _ = self._build(tracer, ret, t_start)
+        return program, tuple(tracer.lifted), post
+
+    def _start_trace(self, tensors, sids, args, kwargs, segmenter=None):
+        """A tracer with an input proxy per tensor, and the arguments with proxies in place of
+        the tensors (or of the _Slot placeholders of a SplitProgram's template)."""
+        default_float = to_kr_dtype(torch.get_default_dtype())
+        tracer = Tracer(_C.Builder(default_float), segmenter)
+        proxies = tracer.add_inputs(tensors, sids)
         it = iter(proxies)
-        pargs = _replace_tensors(args, it)
-        pkwargs = _replace_tensors(kwargs, it)
-        with tracer:
-            try:
-                out = self._trace_fn(pargs, pkwargs)
-            except TypeError as e:
-                _unbound_method_error(e)
-                raise
-            _register_dataclasses(out)
-            out = _object_nodes(out)
-            leaves, spec = pytree.tree_flatten(out)
-            c_leaves = []
-            for leaf in leaves:
-                if (
-                    isinstance(leaf, (Proxy, torch.Tensor, torch.dtype, torch.device))
-                    or leaf is None
-                    or isinstance(leaf, (bool, int, float, str))
-                ):
-                    c_leaves.append(to_c(leaf))
-                else:
-                    raise TypeError(
-                        f"keraunos: cannot return a value of type {type(leaf).__name__} from a jitted function"
-                    )
-        single = spec.is_leaf()
-        builder.set_return(c_leaves[0] if single else c_leaves)
+        return tracer, _replace_tensors(args, it), _replace_tensors(kwargs, it)
+
+    def _restart(self, tracer, alive, env):
+        """After a data-dependent point: a new builder whose inputs are `env`'s tensors; the
+        live proxies (env's first tensors) now stand for its first inputs; new proxies for the
+        others are returned."""
+        default_float = to_kr_dtype(torch.get_default_dtype())
+        tracer.reset(_C.Builder(default_float))
+        with torch._C.DisableTorchFunction():
+            proxies = tracer.add_inputs(env, split.storage_ids(env), reuse=alive)
+        return proxies[len(alive) :]
+
+    def _trace_call(self, pargs, pkwargs):
+        try:
+            return self._trace_fn(pargs, pkwargs)
+        except TypeError as e:
+            _unbound_method_error(e)
+            raise
+
+    def _returned(self, out):
+        """The traced function's result -> (what the builder returns, the post-processing
+        that rebuilds the result's structure, or None for a single leaf)."""
+        _register_dataclasses(out)
+        out = _object_nodes(out)
+        leaves, spec = pytree.tree_flatten(out)
+        c_leaves = []
+        for leaf in leaves:
+            if (
+                isinstance(leaf, (Proxy, torch.Tensor, torch.dtype, torch.device))
+                or leaf is None
+                or isinstance(leaf, (bool, int, float, str))
+            ):
+                c_leaves.append(to_c(leaf))
+            else:
+                raise TypeError(
+                    f"keraunos: cannot return a value of type {type(leaf).__name__} from a jitted function"
+                )
+        if spec.is_leaf():
+            return c_leaves[0], None
+        return c_leaves, functools.partial(_unflatten, spec)
+
+    def _build(self, tracer, ret, t_start):
+        """The program of what `tracer` recorded, returning `ret`: passes, fusion, codegen."""
+        builder = tracer.builder
+        builder.set_return(ret)
         acquired = builder.finish()
         if OP_COVERAGE is not None:
             OP_COVERAGE.update(acquired.symbol_names())
         acquire_ms = (time.perf_counter() - t_start) * 1e3
         acquired.ms = acquire_ms
+        default_float = to_kr_dtype(torch.get_default_dtype())
         traces = _C.run_pipeline(acquired, self._fusion_type, _VERIFY, default_float)
         t_cg = time.perf_counter()
         kernels = []
         # Generated kernels have no backward: a program that autograd must record (grad mode
         # on and an input that requires grad) runs through torch. The dispatcher's cache key
         # includes grad mode.
-        fusion = self._fusion and not (
-            torch.is_grad_enabled()
-            and any(getattr(t, "requires_grad", False) for t in (*tensors, *tracer.lifted))
-        )
+        fusion = self._fusion and not (torch.is_grad_enabled() and tracer.any_requires_grad())
         src, program = build_program(traces[-1], fusion=fusion, kernels_out=kernels)
         cg_ms = (time.perf_counter() - t_cg) * 1e3
         self._traces = [*traces, ProgramTrace(traces[-1], src, cg_ms, kernels)]
@@ -223,10 +248,11 @@ class JittedFunction(_C.Dispatcher):
         if "traces" in _DUMP:
             for t in self._traces:
                 print(t)
-        post = None
-        if not single:
-            post = functools.partial(_unflatten, spec)
-        return program, tuple(tracer.lifted), post
+        return program, self._traces
+
+
+class _Slot:
+    """Where a tensor argument goes in a SplitProgram's argument template."""
 
 
 def _register_dataclasses(out, depth=0):
@@ -328,9 +354,7 @@ class _SizeNode:
         self.dims = list(size)
 
 
-pytree.register_pytree_node(
-    _SizeNode, lambda n: (n.dims, None), lambda dims, _: torch.Size(dims)
-)
+pytree.register_pytree_node(_SizeNode, lambda n: (n.dims, None), lambda dims, _: torch.Size(dims))
 
 
 def _object_nodes(out):

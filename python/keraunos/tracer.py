@@ -192,6 +192,24 @@ class Proxy:
     def mT(self):
         return handle(torch.Tensor.transpose, (self, -2, -1), {})
 
+    # The conjugate transposes: for real tensors (keraunos has no complex dtypes), transposes.
+    @property
+    def H(self):
+        if self.ndim not in (0, 2):
+            raise RuntimeError(
+                f"tensor.H is only supported on matrices (2-D tensors). Got {self.ndim}-D tensor."
+            )
+        return handle(torch.Tensor.t, (self,), {})
+
+    @property
+    def mH(self):
+        if self.ndim < 2:
+            raise RuntimeError(
+                "tensor.mH is only supported on matrices or batches of matrices. "
+                f"Got {self.ndim}-D tensor."
+            )
+        return self.mT
+
     def __len__(self):
         if not self._p.shape:
             raise TypeError("len() of a 0-d tensor")
@@ -215,23 +233,24 @@ class Proxy:
             "torch.where or compute the condition outside the jitted function."
         )
 
+    # A data-dependent point: the program is split there (split.py).
     def __bool__(self):
-        self._data_dependent("bool()")
+        return _point("bool()", torch.Tensor.__bool__, self)
 
     def __int__(self):
-        self._data_dependent("int()")
+        return _point("int()", torch.Tensor.__int__, self)
 
     def __float__(self):
-        self._data_dependent("float()")
+        return _point("float()", torch.Tensor.__float__, self)
 
     def __index__(self):
-        self._data_dependent("using it as an index (__index__)")
+        return _point("using it as an index (__index__)", torch.Tensor.__index__, self)
 
     def item(self):
-        self._data_dependent(".item()")
+        return _point(".item()", torch.Tensor.item, self)
 
     def tolist(self):
-        self._data_dependent(".tolist()")
+        return _point(".tolist()", torch.Tensor.tolist, self)
 
     def numpy(self, *a, **k):
         self._data_dependent(".numpy()")
@@ -241,6 +260,7 @@ class Proxy:
 
     def __getattr__(self, name):
         attr = getattr(torch.Tensor, name, None)
+        attr = getattr(attr, "_kr_unbound_of", attr)  # the original of an unbound-call hook
         if attr is None or name.startswith("__"):
             raise AttributeError(f"'Tensor' object has no attribute '{name}'")
         if not callable(attr):
@@ -256,6 +276,12 @@ class Proxy:
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         return handle(func, args, kwargs or {})
+
+
+def _point(what, func, px):
+    from . import split
+
+    return split.point(what, func, (px,))
 
 
 def _C_wrap(dim, n, what):
@@ -345,7 +371,7 @@ class Tracer:
     """The state of one acquisition: the C++ builder, the proxy objects by name (so that the
     same tensor is always the same Python object), tensors lifted from closures."""
 
-    def __init__(self, builder):
+    def __init__(self, builder, segmenter=None):
         self.builder = builder
         self.proxies: dict[str, Proxy] = {}
         self.lifted: list[torch.Tensor] = []
@@ -354,12 +380,64 @@ class Tracer:
         self.n_recorded = 0
         self._lifted_ids: dict[int, Proxy] = {}
         self._mode = _Mode()
+        # Data-dependent points (split.py): the SplitProgram's tracer of this trace, if any,
+        # and the state a split must find unchanged.
+        self.segmenter = segmenter
+        self.grad_at_start = torch.is_grad_enabled()
+        self.inference_at_start = torch.is_inference_mode_enabled()
+        self.autocast_at_start = _autocast_state()
+        self.modes_at_start = len(user_function_modes())
+
+    def new_proxy(self, p) -> Proxy:
+        px = Proxy(p)
+        self.proxies[p.name] = px
+        if self.segmenter is not None:
+            self.segmenter.made(px)
+        return px
 
     def wrap_input(self, p) -> Proxy:
         self.needs_grad = self.needs_grad or p.requires_grad
-        px = Proxy(p)
-        self.proxies[p.name] = px
-        return px
+        return self.new_proxy(p)
+
+    def add_inputs(self, tensors, sids, reuse=()) -> list[Proxy]:
+        """An input per tensor (storage groups `sids`); the first len(reuse) proxies are
+        `reuse`'s, rebound to their new inputs."""
+        out = []
+        for i, (t, sid) in enumerate(zip(tensors, sids)):
+            if type(t) not in (torch.Tensor, torch.nn.Parameter):
+                raise NotImplementedError(
+                    f"keraunos: tensor subclass {type(t).__name__} is not supported"
+                )
+            p = self.builder.add_input(
+                to_kr_dtype(t.dtype, "input dtype"),
+                to_kr_device(t.device),
+                list(t.shape),
+                list(t.stride()),
+                t.storage_offset(),
+                sid,
+                t.requires_grad,
+            )
+            if i < len(reuse):
+                px = reuse[i]
+                px._p = p
+                px._shape = None
+                self.needs_grad = self.needs_grad or p.requires_grad
+                self.proxies[p.name] = px
+            else:
+                px = self.wrap_input(p)
+            out.append(px)
+        return out
+
+    def reset(self, builder):
+        """A new builder: the next segment of a split program (split.py)."""
+        self.builder = builder
+        self.proxies = {}
+        self.lifted = []
+        self._lifted_ids = {}
+        self.needs_grad = False
+
+    def any_requires_grad(self) -> bool:
+        return self.needs_grad
 
     def lift(self, t: torch.Tensor) -> Proxy:
         """A real tensor met during tracing (a global, a closure variable) becomes an input."""
@@ -465,9 +543,7 @@ def user_function_modes() -> list:
 def _vmap_hook(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None, **kw):
     """torch.vmap while tracing: the vmapped function, called on traced tensors (or reading
     traced tensors from its closures), runs through torch as one fallback call."""
-    real = _RNG_ORIGINALS["vmap"](
-        func, in_dims, out_dims, randomness, chunk_size=chunk_size, **kw
-    )
+    real = _RNG_ORIGINALS["vmap"](func, in_dims, out_dims, randomness, chunk_size=chunk_size, **kw)
 
     def vmapped(*args, **kwargs):
         from . import fallback
@@ -504,12 +580,50 @@ def _rng_hooks(delta):
                 setattr(torch.random, name, hook)
             _RNG_ORIGINALS["vmap"] = torch.vmap
             torch.vmap = torch.func.vmap = _vmap_hook
+            _install_unbound_hooks()
         elif delta < 0 and _rng_depth == 0:
+            _remove_unbound_hooks()
             torch.compiler._is_compiling_flag = _compiling_before
             torch.vmap = torch.func.vmap = _RNG_ORIGINALS.pop("vmap")
             for name, orig in _RNG_ORIGINALS.items():
                 setattr(torch, name, orig)
                 setattr(torch.random, name, orig)
+
+
+# Unbound method calls (`torch.Tensor.add_(x, y)`): the C method descriptors of TensorBase
+# check their first argument's type before torch sees the call, so a proxy would be refused
+# by CPython. While something is traced, torch.Tensor gets a Python function for each of them
+# (not for dunders, whose type slots would change, nor for names torch.Tensor defines itself)
+# that sends a proxy to `handle` and anything else to the descriptor.
+_UNBOUND_HOOKED: list[str] = []
+
+
+def _unbound_hook(desc):
+    def method(self, *args, **kwargs):
+        if isinstance(self, Proxy):
+            return handle(desc, (self, *args), kwargs)
+        return desc(self, *args, **kwargs)
+
+    method.__name__ = desc.__name__
+    method.__qualname__ = f"Tensor.{desc.__name__}"
+    method.__doc__ = desc.__doc__
+    method._kr_unbound_of = desc
+    return method
+
+
+def _install_unbound_hooks():
+    own = vars(torch.Tensor)
+    for name, desc in list(vars(torch._C.TensorBase).items()):
+        if name.startswith("__") or name in own or type(desc).__name__ != "method_descriptor":
+            continue
+        setattr(torch.Tensor, name, _unbound_hook(desc))
+        _UNBOUND_HOOKED.append(name)
+
+
+def _remove_unbound_hooks():
+    for name in _UNBOUND_HOOKED:
+        delattr(torch.Tensor, name)
+    _UNBOUND_HOOKED.clear()
 
 
 def to_c(x):
@@ -545,8 +659,7 @@ def from_c(x):
         tr = current()
         px = tr.proxies.get(x.name)
         if px is None:
-            px = Proxy(x)
-            tr.proxies[x.name] = px
+            px = tr.new_proxy(x)
         return px
     if isinstance(x, tuple):
         return tuple(from_c(e) for e in x)
@@ -594,8 +707,6 @@ def _autocast_state() -> tuple:
             for d in ("cpu", "cuda")
             if torch.is_autocast_enabled(d)
         )
-
-
 
 
 def record(op: str, display: str, args, kwargs):

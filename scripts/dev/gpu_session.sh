@@ -84,7 +84,7 @@ for step in $STEPS; do
     # The torch fallback, grad-mode, autocast and vmap tests on CUDA tensors.
     stamp "test_fallback on CUDA"
     (cd tests/python && KERAUNOS_TEST_DEVICE=cuda timeout ${FALLBACK_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
-      test_fallback.py test_dynamo.py) >"$OUT/fallback.log" 2>&1
+      test_fallback.py test_dynamo.py test_split.py) >"$OUT/fallback.log" 2>&1
     tail -8 "$OUT/fallback.log"
     ;;
   models)

@@ -33,12 +33,9 @@ _WORKER_TIMEOUT_S = 1800  # all the compile cases
 
 # Known failures: (model, entry, mode, masks) -> reason, for both fusion types. Each is
 # xfail(strict=True): when one starts passing, the suite says so.
-_WHISPER_LAYERDROP = (
-    "keraunos.jit: WhisperEncoder in train mode branches on `torch.rand([]) < layerdrop` "
-    "(LayerDrop): data-dependent control flow, which keraunos.jit refuses"
-)
+# (Whisper's LayerDrop branch, `torch.rand([]) < layerdrop` in train mode, splits the program
+# under keraunos.jit: python/keraunos/split.py.)
 KNOWN_FAILURES: dict[tuple[str, str, str, str], str] = {}
-KNOWN_FAILURES[("whisper", "jit", "train", "vmap")] = _WHISPER_LAYERDROP
 
 _PARAMS = ("name", "entry", "fusion_type", "mode", "masks")
 

@@ -102,19 +102,23 @@ def test_unsupported_op_names_the_function_and_line():
         keraunos.jit(f)(torch.randn(4))
 
 
-def test_data_dependent_control_flow_is_a_clear_error():
+def test_data_dependent_control_flow_splits_the_program():
+    # (tests/python/test_split.py has the details.)
     def f(x):
         if x * 2 > 0:
             return x
         return -x
 
+    jf = keraunos.jit(f)
+    for v in (1.0, -1.0, 2.0):
+        x = torch.tensor([v])
+        torch.testing.assert_close(jf(x), f(x))
+    x = torch.randn(1)
+    torch.testing.assert_close(keraunos.jit(lambda x: (x * 2).item())(x), (x * 2).item())
+    torch.testing.assert_close(keraunos.jit(lambda x: float(x.exp()))(x), float(x.exp()))
+    # What cannot split still says so, with the line.
     with pytest.raises(RuntimeError, match=r"data-dependent control flow.*test_frontend\.py:\d+"):
-        keraunos.jit(f)(torch.randn(1))
-
-    with pytest.raises(RuntimeError, match="data-dependent"):
-        keraunos.jit(lambda x: (x * 2).item())(torch.randn(1))
-    with pytest.raises(RuntimeError, match="data-dependent"):
-        keraunos.jit(lambda x: float(x.exp()))(torch.randn(1))
+        keraunos.jit(lambda x: torch.manual_seed(x))(torch.tensor(3))
 
 
 def test_user_errors_name_the_line():

@@ -231,15 +231,15 @@ def _tensor_split(tr, args, kwargs):
     for k in ("indices_or_sections", "tensor_indices_or_sections", "indices", "sections"):
         points = kwargs.get(k, points)
     if isinstance(points, Proxy):
-        e = NotImplementedError(
-            "keraunos: torch.tensor_split with a tensor of split points has outputs whose "
-            f"shapes depend on tensor values (at {where()})"
-        )
-        e._kr_final = True
-        raise e
+        # The outputs' shapes depend on the split points' values: the program is split here
+        # and torch runs it (split.py).
+        from .. import split
+
+        return split.point("torch.tensor_split with a tensor of split points", _TS, args, kwargs)
     raise NotImplementedError("keraunos: tensor_split has no op of its own")  # the fallback
 
 
+_TS = torch.tensor_split
 register_handler([torch.tensor_split, T.tensor_split], _tensor_split)
 
 
@@ -320,6 +320,16 @@ def _normalize_index(a, idx):
 def _getitem(tr, args, kwargs):
     _ensure_program_alias()
     a, idx = args
+    items = _normalize_index(a, idx)
+    if any(
+        isinstance(it, (Proxy, torch.Tensor)) and it.dtype in (torch.bool, torch.uint8)
+        for it in items
+    ):
+        # Boolean-mask indexing: as many elements as the mask has True values. The program is
+        # split here and torch indexes (split.py).
+        from .. import split
+
+        return split.point("x[mask] (boolean-mask indexing)", T.__getitem__, (a, idx))
     return record("getitem", "torch.Tensor.__getitem__", (a, _normalize_index(a, idx)), {})
 
 
@@ -352,8 +362,15 @@ def _index_put(*args, **kw):
     rest = list(rest)
     if rest:
         rest[0] = list(rest[0])
-    elif "indices" in kw:
-        kw["indices"] = list(kw["indices"])
+        indices = rest[0]
+    else:
+        indices = kw["indices"] = list(kw.get("indices", ()))
+    if any(
+        isinstance(i, (Proxy, torch.Tensor)) and i.dtype in (torch.bool, torch.uint8)
+        for i in indices
+    ):
+        # A boolean mask: torch runs it (the fallback splits the program there: split.py).
+        raise NotImplementedError("index_put with a boolean mask index")
     return (a, *rest), kw
 
 
