@@ -312,6 +312,13 @@ def _call(tr, func, args, kwargs, autocast, captured, modes, random):
 
     # Which inputs the call writes.
     mutated = [i for i, s in enumerate(storages) if s in watch.written]
+    if (
+        watch.inplace_view
+        and len(mutated) == 1
+        and mutated[0] < n_args
+        and out is fakes[mutated[0]]
+    ):
+        return _inplace_view(tr, name, proxies[mutated[0]], after[mutated[0]])
     for i in mutated:
         if before[i] != after[i]:
             if not watch.inplace_view and name.endswith("_") and before[i][0] != after[i][0]:
@@ -422,6 +429,27 @@ def _call(tr, func, args, kwargs, autocast, captured, modes, random):
                 )
             )
     return pytree.tree_unflatten(result, out_spec)
+
+
+def _inplace_view(tr, name, px, meta):
+    """An in-place view op (t_, squeeze_, unsqueeze_, transpose_, as_strided_): the proxy now
+    stands for the view with the new metadata; an input of the program gets that metadata
+    when the program returns (jit.py), as eager's tensor does."""
+    if tr.segmenter is not None or tr.needs_grad:
+        _refuse(
+            name,
+            "changes a tensor's metadata in place; this is supported only in programs that "
+            "autograd does not record and that have no data-dependent points",
+        )
+    size, stride, offset = meta
+    v = record("as_strided", name, (px, list(size), list(stride), offset), {})
+    px._p = v._p
+    px._shape = None
+    tr.proxies[v._p.name] = px
+    index = tr.input_index.get(id(px))
+    if index is not None:
+        tr.metadata_updates[index] = (list(size), list(stride), offset)
+    return px
 
 
 def _point(name, func, args, kwargs, captured, autocast):

@@ -168,6 +168,8 @@ class JittedFunction(_C.Dispatcher):
             self._split = sp
             return sp, (), None
         program, _ = self._build(tracer, ret, t_start)
+        if tracer.metadata_updates:
+            program = _with_metadata_updates(program, sorted(tracer.metadata_updates.items()))
         return program, tuple(tracer.lifted), post
 
     def _start_trace(self, tensors, sids, args, kwargs, segmenter=None):
@@ -249,6 +251,18 @@ class JittedFunction(_C.Dispatcher):
             for t in self._traces:
                 print(t)
         return program, self._traces
+
+
+def _with_metadata_updates(program, updates):
+    """The program, then the in-place view ops' new metadata on the inputs they changed."""
+
+    def run(*tensors):
+        out = program(*tensors)
+        for i, (size, stride, offset) in updates:
+            tensors[i].as_strided_(size, stride, offset)
+        return out
+
+    return run
 
 
 class _Slot:

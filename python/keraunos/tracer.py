@@ -383,6 +383,10 @@ class Tracer:
         # Data-dependent points (split.py): the SplitProgram's tracer of this trace, if any,
         # and the state a split must find unchanged.
         self.segmenter = segmenter
+        # In-place view ops (t_, squeeze_, as_strided_) on inputs: the new metadata each input
+        # gets after the call (argument index -> (size, stride, storage offset)).
+        self.input_index: dict[int, int] = {}
+        self.metadata_updates: dict[int, tuple] = {}
         self.grad_at_start = torch.is_grad_enabled()
         self.inference_at_start = torch.is_inference_mode_enabled()
         self.autocast_at_start = _autocast_state()
@@ -397,7 +401,10 @@ class Tracer:
 
     def wrap_input(self, p) -> Proxy:
         self.needs_grad = self.needs_grad or p.requires_grad
-        return self.new_proxy(p)
+        px = self.new_proxy(p)
+        # The program's arguments are its inputs in this order (tensors, then lifted ones).
+        self.input_index[id(px)] = len(self.input_index)
+        return px
 
     def add_inputs(self, tensors, sids, reuse=()) -> list[Proxy]:
         """An input per tensor (storage groups `sids`); the first len(reuse) proxies are
@@ -435,6 +442,7 @@ class Tracer:
         self.lifted = []
         self._lifted_ids = {}
         self.needs_grad = False
+        self.input_index = {}
 
     def any_requires_grad(self) -> bool:
         return self.needs_grad

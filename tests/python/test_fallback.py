@@ -417,3 +417,44 @@ def test_objects_holding_tensors_are_rebuilt_on_every_call():
         torch.testing.assert_close(c.layers[0][1], x.sum())
         torch.testing.assert_close(c.layers[1][0], x.t())
     assert jf(x)["cache"] is not o["cache"]
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x: x.t_(),
+        lambda x: x.unsqueeze_(0).squeeze_(0),
+        lambda x: x.transpose_(0, 1),
+        lambda x: x.swapdims_(0, 1),
+        lambda x: x.as_strided_((2, 2), (1, 2), 1),
+    ],
+    ids=["t_", "unsqueeze_squeeze_", "transpose_", "swapdims_", "as_strided_"],
+)
+def test_inplace_view_ops_change_the_inputs_metadata(op):
+    # The input's shape, strides and offset afterwards are eager's (harness compares them).
+    def f(x, y):
+        r = op(x)
+        x.add_(1)
+        return r * 2, y.unsqueeze_(1) + 0, (x + 1).unsqueeze_(0)
+
+    jf = keraunos.jit(f)
+    a, b = torch.randn(2, 3), torch.randn(4)
+    a2, b2 = a.clone(), b.clone()
+    out, exp = jf(a, b), f(a2, b2)
+    torch.testing.assert_close(out, exp)
+    for t, e in ((a, a2), (b, b2)):
+        assert (t.shape, t.stride(), t.storage_offset()) == (
+            e.shape,
+            e.stride(),
+            e.storage_offset(),
+        )
+        torch.testing.assert_close(t, e)
+
+
+def test_inplace_view_op_under_autograd_is_refused_by_name():
+    def f(x, w):
+        x.t_()
+        return x * w
+
+    with pytest.raises(NotImplementedError, match=r"torch\.Tensor\.t_ changes a tensor's metadata"):
+        keraunos.jit(f)(torch.randn(2, 3), torch.randn(3, 2, requires_grad=True))
