@@ -70,6 +70,8 @@ class _Watch(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.written: set = set()
+        # Written by an op that changes values (not only metadata, as t_ or squeeze_ do).
+        self.data_written: set = set()
         self.random = False
         self.inplace_view = False
 
@@ -83,6 +85,8 @@ class _Watch(TorchDispatchMode):
             for t in pytree.tree_leaves(v):
                 if isinstance(t, torch.Tensor):
                     self.written.add(StorageWeakRef(t.untyped_storage()))
+                    if torch.Tag.inplace_view not in func.tags:
+                        self.data_written.add(StorageWeakRef(t.untyped_storage()))
         if torch.Tag.nondeterministic_seeded in func.tags:
             self.random = True
         if torch.Tag.inplace_view in func.tags:
@@ -316,8 +320,10 @@ def _call(tr, func, args, kwargs, autocast, captured, modes, random):
         watch.inplace_view
         and len(mutated) == 1
         and mutated[0] < n_args
+        and storages[mutated[0]] not in watch.data_written
         and out is fakes[mutated[0]]
     ):
+        # Only the tensor's metadata changed (t_, squeeze_, as_strided_).
         return _inplace_view(tr, name, proxies[mutated[0]], after[mutated[0]])
     for i in mutated:
         if before[i] != after[i]:

@@ -458,3 +458,9 @@ def test_inplace_view_op_under_autograd_is_refused_by_name():
 
     with pytest.raises(NotImplementedError, match=r"torch\.Tensor\.t_ changes a tensor's metadata"):
         keraunos.jit(f)(torch.randn(2, 3), torch.randn(3, 2, requires_grad=True))
+
+
+def test_call_that_writes_and_changes_metadata_inside_is_not_a_view_op():
+    # F.dropout3d(inplace=True) on an unbatched input: unsqueeze_, feature_dropout_, squeeze_
+    # inside one fallback call. The write must stay (it is not a metadata-only call).
+    check(lambda x: F.dropout3d(x, 0.5, True, inplace=True), torch.ones(2, 3, 2, 2), seed=0)
