@@ -463,7 +463,7 @@ def _point(name, func, args, kwargs, captured, autocast):
     is split there and torch runs the op on the tensors (split.py)."""
     from . import split
 
-    if captured or autocast:
+    if captured:
         _refuse(name, "has an output whose shape or value depends on tensor values")
     return split.point(f"{name} (its output depends on tensor values)", func, args, kwargs)
 

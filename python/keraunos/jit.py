@@ -188,7 +188,7 @@ class JittedFunction(_C.Dispatcher):
         default_float = to_kr_dtype(torch.get_default_dtype())
         tracer.reset(_C.Builder(default_float))
         with torch._C.DisableTorchFunction():
-            proxies = tracer.add_inputs(env, split.storage_ids(env), reuse=alive)
+            proxies = tracer.add_inputs(env, _storage_ids(_C.alias_groups(env)), reuse=alive)
         return proxies[len(alive) :]
 
     def _trace_call(self, pargs, pkwargs):
@@ -236,7 +236,7 @@ class JittedFunction(_C.Dispatcher):
         # Generated kernels have no backward: a program that autograd must record (grad mode
         # on and an input that requires grad) runs through torch. The dispatcher's cache key
         # includes grad mode.
-        fusion = self._fusion and not (torch.is_grad_enabled() and tracer.any_requires_grad())
+        fusion = self._fusion and not (torch.is_grad_enabled() and tracer.needs_grad)
         src, program = build_program(traces[-1], fusion=fusion, kernels_out=kernels)
         cg_ms = (time.perf_counter() - t_cg) * 1e3
         self._traces = [*traces, ProgramTrace(traces[-1], src, cg_ms, kernels)]

@@ -124,28 +124,8 @@ def describe_key(key) -> str:
     spec, leaves = key
     parts = []
     for lk in leaves:
-        if lk[0] == "tensor":
-            parts.append(f"tensor{list(lk[1])}")
-        elif lk[0] == "float":
-            parts.append(repr(lk[1]))
-        else:
-            parts.append(repr(lk[1]))
+        parts.append(f"tensor{list(lk[1])}" if lk[0] == "tensor" else repr(lk[1]))
     return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
-
-
-def storage_ids(tensors) -> list[int]:
-    """Storage group of each tensor: the index of the first tensor on its storage, or -1 when
-    no other tensor shares it (the convention of the dispatcher's groups)."""
-    first: dict[tuple, int] = {}
-    count: dict[tuple, int] = {}
-    keys = []
-    for i, t in enumerate(tensors):
-        st = t.untyped_storage()
-        k = (st.data_ptr(), t.device) if st.nbytes() > 0 else ("empty", i)
-        keys.append(k)
-        first.setdefault(k, i)
-        count[k] = count.get(k, 0) + 1
-    return [first[k] if count[k] > 1 else -1 for k in keys]
 
 
 # ---- the tree ------------------------------------------------------------------------------
@@ -319,7 +299,7 @@ class Segmenter:
         alive = []
         for r in self.proxies:
             px = r()
-            if px is not None and px._p is not None:
+            if px is not None:
                 alive.append(px)
         return alive
 

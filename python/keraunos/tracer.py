@@ -444,9 +444,6 @@ class Tracer:
         self.needs_grad = False
         self.input_index = {}
 
-    def any_requires_grad(self) -> bool:
-        return self.needs_grad
-
     def lift(self, t: torch.Tensor) -> Proxy:
         """A real tensor met during tracing (a global, a closure variable) becomes an input."""
         px = self._lifted_ids.get(id(t))

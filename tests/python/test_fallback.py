@@ -280,6 +280,33 @@ def test_autocast_regions_follow_eagers_casts():
     assert out[0].dtype == torch.bfloat16 and out[2].dtype == torch.float32
 
 
+def test_the_callers_autocast_region_and_default_dtype_select_the_program():
+    # Both are global state a trace depends on: a program traced outside autocast must not
+    # run inside it (and back), nor one traced under another default dtype.
+    def fn(a, b):
+        h = (a @ b).sin()
+        return h, h + torch.ones(4, 4)
+
+    f = keraunos.jit(fn)
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    assert [t.dtype for t in f(a, b)] == [torch.float32] * 2
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, ref = f(a, b), fn(a, b)
+        assert [t.dtype for t in out] == [torch.bfloat16, torch.float32]
+        torch.testing.assert_close(out, ref)
+    assert [t.dtype for t in f(a, b)] == [torch.float32] * 2
+    saved = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        out, ref = f(a, b), fn(a, b)
+        assert [t.dtype for t in out] == [torch.float32, torch.float64]
+        torch.testing.assert_close(out, ref)
+    finally:
+        torch.set_default_dtype(saved)
+    assert [t.dtype for t in f(a, b)] == [torch.float32] * 2
+    assert keraunos.compile_stats(f)["cache_size"] == 3
+
+
 def test_unbound_method_calls():
     def f(x, y):
         torch.Tensor.add_(x, y)

@@ -173,9 +173,23 @@ def test_a_point_inside_no_grad_or_autocast_is_refused_by_name():
             return x.nonzero()
 
     with pytest.raises(
-        NotImplementedError, match=r"torch\.Tensor\.nonzero.*depends on tensor values"
+        RuntimeError, match=r"torch\.Tensor\.nonzero.*depends on tensor values.*autocast"
     ):
         keraunos.jit(g)(torch.randn(3))
+
+
+def test_a_point_under_the_callers_autocast_region_splits():
+    # The region is the caller's (part of the call's signature), not one the function enters.
+    def f(x, w):
+        h = (x @ w).relu()
+        return h.sum() + h.nonzero().shape[0], h
+
+    jf = keraunos.jit(f)
+    device = _TEST_DEVICE
+    with torch.autocast(device, dtype=torch.bfloat16):
+        for scale in (1.0, 2.0, -1.0):
+            x, w = torch.randn(4, 4, device=device), scale * torch.randn(4, 4, device=device)
+            assert_same(jf(x, w), f(x, w))
 
 
 def test_user_except_does_not_hide_a_point():

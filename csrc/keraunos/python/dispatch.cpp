@@ -56,6 +56,39 @@ int64_t as_i64(PyObject* o) {
   return v;
 }
 
+PyObject* attr_of(const char* module, const char* name) {
+  nb::object f = nb::module_::import_(module).attr(name);
+  return f.release().ptr();
+}
+
+// The global torch state a traced program depends on, into the key: grad mode (a program
+// compiled without it may use kernels that autograd cannot see), the default dtype (factories
+// and Python floats take it) and the autocast regions in force (their casts are traced).
+void push_global_state(CallKey& key) {
+  static PyObject* grad_enabled = attr_of("torch", "is_grad_enabled");
+  static PyObject* default_dtype = attr_of("torch", "get_default_dtype");
+  static PyObject* any_autocast = attr_of("torch._C", "_is_any_autocast_enabled");
+  PyObject* r = PyObject_CallNoArgs(grad_enabled);
+  if (!r) throw nb::python_error();
+  key.ints.push_back(r == Py_True);
+  Py_DECREF(r);
+  r = PyObject_CallNoArgs(default_dtype);
+  if (!r) throw nb::python_error();
+  key.ints.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(r))); // dtypes are singletons
+  Py_DECREF(r);
+  r = PyObject_CallNoArgs(any_autocast);
+  if (!r) throw nb::python_error();
+  bool autocast = r == Py_True;
+  Py_DECREF(r);
+  key.ints.push_back(autocast);
+  if (autocast) {
+    static PyObject* autocast_state = attr_of("keraunos.tracer", "_autocast_state");
+    nb::object st = nb::steal(PyObject_CallNoArgs(autocast_state));
+    if (!st.is_valid()) throw nb::python_error();
+    key.strs.push_back(nb::cast<std::string>(nb::repr(st)));
+  }
+}
+
 // Takes a new reference to a tuple of ints (a torch.Size or a stride tuple).
 void push_tuple(std::vector<int64_t>& out, PyObject* tup) {
   if (!tup) throw nb::python_error();
@@ -228,8 +261,7 @@ void Dispatcher::check_not_transformed(const std::vector<PyObject*>& tensors) {
   }
 }
 
-// For each tensor, the index of the first earlier tensor sharing its storage, or -1.
-std::vector<int64_t> Dispatcher::alias_groups(const std::vector<PyObject*>& tensors) {
+std::vector<int64_t> alias_groups(const std::vector<PyObject*>& tensors) {
   const auto& n = names();
   std::vector<int64_t> bases(tensors.size()), groups(tensors.size(), -1);
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -273,15 +305,7 @@ nb::object Dispatcher::call(nb::args args, nb::kwargs kwargs) {
   walk(args.ptr(), key, tensors, keep);
   if (kwargs.size() > 0) walk(kwargs.ptr(), key, tensors, keep);
   check_not_transformed(tensors);
-  // Grad mode: a program compiled without it may use kernels that autograd cannot see.
-  static PyObject* grad_enabled = [] {
-    nb::object f = nb::module_::import_("torch").attr("is_grad_enabled");
-    return f.release().ptr();
-  }();
-  PyObject* ge = PyObject_CallNoArgs(grad_enabled);
-  if (!ge) throw nb::python_error();
-  key.ints.push_back(ge == Py_True);
-  Py_DECREF(ge);
+  push_global_state(key);
   std::vector<int64_t> groups;
   if (tensors.size() > 1) {
     groups = alias_groups(tensors);

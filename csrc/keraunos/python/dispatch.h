@@ -18,6 +18,10 @@ struct UnsupportedCall : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// For each tensor, the index of the first earlier tensor sharing its storage, or -1. The
+// dispatcher's cache key holds it; a split program's segments group their inputs with it.
+std::vector<int64_t> alias_groups(const std::vector<PyObject*>& tensors);
+
 struct CallKey {
   std::vector<int64_t> ints;
   std::vector<std::string> strs;
@@ -53,7 +57,6 @@ private:
   };
   void walk(PyObject* o, CallKey& key, std::vector<PyObject*>& tensors,
             std::vector<nb::object>& keep);
-  std::vector<int64_t> alias_groups(const std::vector<PyObject*>& tensors);
   void check_not_transformed(const std::vector<PyObject*>& tensors);
 
   nb::object tensor_type_;

@@ -226,6 +226,15 @@ NB_MODULE(_C, m) {
       .def_prop_ro("misses", &py::Dispatcher::misses)
       .def_prop_ro("size", &py::Dispatcher::size)
       .def("clear", &py::Dispatcher::clear);
+  m.def(
+      "alias_groups",
+      [](const std::vector<nb::object>& tensors) {
+        std::vector<PyObject*> ts;
+        ts.reserve(tensors.size());
+        for (const auto& t : tensors) ts.push_back(t.ptr());
+        return py::alias_groups(ts);
+      },
+      "tensors"_a, "For each tensor, the index of the first earlier one sharing its storage, or -1.");
 
   bind_cpu(m);
   bind_embedded(m);
