@@ -151,10 +151,11 @@ def _dense(t) -> bool:
     return True
 
 
-def call(tr, func, args, kwargs, autocast=(), closure_of=None, random=False):
+def call(tr, func, args, kwargs, autocast=(), closure_of=None, random=False, enable_grad=False):
     """Records `func(*args, **kwargs)` as a torch fallback symbol and returns its outputs
     (proxies where they are tensors). `autocast`: the autocast regions ((device_type, dtype,
-    cache_enabled), ...) the call runs in, while tracing and in the program. `closure_of`: a
+    cache_enabled), ...) the call runs in, while tracing and in the program. `enable_grad`: it
+    runs in a torch.enable_grad() region (one inside a call made under no_grad). `closure_of`: a
     function whose closures (and theirs) may hold traced tensors `func` reads (a function
     given to torch.vmap): they become inputs too."""
     from .tracer import user_function_modes
@@ -165,7 +166,7 @@ def call(tr, func, args, kwargs, autocast=(), closure_of=None, random=False):
     # traced too. The user's own torch function modes (say transformers' TransformGetItemToIndex
     # around a vmap) stay, in the program too.
     with _only_modes(modes):
-        return _call(tr, func, args, kwargs, autocast, captured, modes, random)
+        return _call(tr, func, args, kwargs, autocast, captured, modes, random, enable_grad)
 
 
 @contextlib.contextmanager
@@ -247,7 +248,7 @@ def _contiguous_strides(shape):
     return strides[::-1]
 
 
-def _call(tr, func, args, kwargs, autocast, captured, modes, random):
+def _call(tr, func, args, kwargs, autocast, captured, modes, random, enable_grad):
     from torch._subclasses.fake_tensor import (
         DataDependentOutputException,
         DynamicOutputShapeException,
@@ -389,6 +390,12 @@ def _call(tr, func, args, kwargs, autocast, captured, modes, random):
         else:
             kinds.append(("const", o))
 
+    if enable_grad and (mutated or any(k not in ("fresh", "const") for k, _ in kinds)):
+        _refuse(
+            name,
+            "writes or returns a view of a tensor inside torch.enable_grad() in a call made "
+            "under no_grad; this is not supported yet",
+        )
     # The symbol: fresh outputs, then the new contents of the written inputs.
     meta = list(fresh_meta)
     for i in mutated:
@@ -406,6 +413,7 @@ def _call(tr, func, args, kwargs, autocast, captured, modes, random):
         autocast,
         captured,
         modes,
+        enable_grad,
     )
     op = "torch_fallback_random" if watch.random or random else "torch_fallback"
     res = record(op, name, (fid, name, proxies, meta), {}) if meta else ()
@@ -469,7 +477,7 @@ def _point(name, func, args, kwargs, captured, autocast):
 
 
 def _register(
-    func, leaves, spec, tensor_pos, mutated, kinds, n_fresh, autocast, captured, modes
+    func, leaves, spec, tensor_pos, mutated, kinds, n_fresh, autocast, captured, modes, enable_grad
 ) -> int:
     """The closure the program calls: rebuilds the call from the runtime tensors, runs it on
     copies of the tensors it writes, returns its fresh outputs (with the traced strides) and
@@ -478,6 +486,12 @@ def _register(
     mutated_set = set(mutated)
 
     def run(inputs, meta):
+        if enable_grad:
+            with torch.enable_grad():
+                return run_(inputs, meta)
+        return run_(inputs, meta)
+
+    def run_(inputs, meta):
         inputs = list(inputs)
         for i in mutated_set:
             t = inputs[i]

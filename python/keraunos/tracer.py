@@ -377,6 +377,8 @@ class Tracer:
         self.lifted: list[torch.Tensor] = []
         # An input requires grad: the program may run under autograd.
         self.needs_grad = False
+        # Storages written in place under no_grad while autograd records the program.
+        self.written_without_grad: set[int] = set()
         self.n_recorded = 0
         self._lifted_ids: dict[int, Proxy] = {}
         self._mode = _Mode()
@@ -442,6 +444,7 @@ class Tracer:
         self.lifted = []
         self._lifted_ids = {}
         self.needs_grad = False
+        self.written_without_grad = set()
         self.input_index = {}
 
     def lift(self, t: torch.Tensor) -> Proxy:
@@ -686,6 +689,10 @@ def handle(func, args, kwargs):
             # Inside a torch.autocast region every call runs through torch, in the same region
             # when the program runs: autocast's casts are eager's own.
             return fallback.call(tr, func, args, kwargs, autocast=autocast)
+        if tr.needs_grad and not tr.grad_at_start and torch.is_grad_enabled():
+            # torch.enable_grad() inside a call made under no_grad: autograd records these
+            # calls in eager, so torch runs them, in such a region, when the program runs.
+            return fallback.call(tr, func, args, kwargs, enable_grad=True)
     entry = lookup(func)
     if entry is None:
         if func in _PASSTHROUGH or (func in _METADATA and not _has_proxy(args, kwargs)):
@@ -717,7 +724,23 @@ def _autocast_state() -> tuple:
 def record(op: str, display: str, args, kwargs):
     """Records one op through the C++ builder and returns proxies."""
     tr = current()
+    if (
+        tr.needs_grad
+        and tr.grad_at_start
+        and op.endswith("_")
+        and args
+        and isinstance(args[0], Proxy)
+        and args[0]._p.requires_grad
+        and not torch.is_grad_enabled()
+    ):
+        # An in-place op with grad mode off: autograd does not record eager's write (it is
+        # allowed on a leaf). It writes through a detached alias, and so does the program's
+        # write-back of an input (passes/functionalize.cpp).
+        tr.written_without_grad.add(args[0]._p.storage_id)
+        args = (record("detach", "torch.Tensor.detach", (args[0],), {}), *args[1:])
     file, line, fn = user_location()
+    if tr.written_without_grad and torch.is_grad_enabled() and tr.grad_at_start:
+        _check_no_recorded_read_after_unrecorded_write(tr, display, args, kwargs, file, line)
     try:
         out = tr.builder.call(
             op,
@@ -733,7 +756,7 @@ def record(op: str, display: str, args, kwargs):
         raise
     tr.n_recorded += 1
     res = from_c(out)
-    if tr.needs_grad and op not in _NO_DETACH and not torch.is_grad_enabled():
+    if tr.needs_grad and tr.grad_at_start and op not in _NO_DETACH and not torch.is_grad_enabled():
         # Computed with grad mode off (torch.no_grad, set_grad_enabled(False)): eager's result
         # does not require grad, and autograd must not see through it when the program runs.
         res = _detached(res)
@@ -741,6 +764,29 @@ def record(op: str, display: str, args, kwargs):
 
 
 _NO_DETACH = {"detach", "copy_", "manual_seed", "set_rng_state"}
+
+
+def _check_no_recorded_read_after_unrecorded_write(tr, display, args, kwargs, file, line):
+    """Eager's autograd sees a tensor written under no_grad as the tensor it was (a leaf stays
+    the leaf); a functional program sees a new value computed from the old one. Until the
+    program can express that, autograd-recorded reads of such a tensor are refused."""
+
+    def proxies(a):
+        if isinstance(a, Proxy):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for e in a:
+                yield from proxies(e)
+
+    for a in (*args, *kwargs.values()):
+        for px in proxies(a):
+            if px._p.requires_grad and px._p.storage_id in tr.written_without_grad:
+                raise NotImplementedError(
+                    f"keraunos: {display} reads a tensor that requires grad after an in-place "
+                    f"write to it under torch.no_grad, with autograd recording (at {file}:{line}); "
+                    "this is not supported yet: move the write after its last use, or read "
+                    "x.detach()"
+                )
 
 
 def _detached(res):

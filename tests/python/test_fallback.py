@@ -261,6 +261,86 @@ def test_grad_mode_regions(ctx):
     torch.testing.assert_close(w1.grad, w2.grad)
 
 
+def _twins(*shapes):
+    """Two copies of leaves that require grad: one for keraunos, one for eager."""
+    a = [torch.randn(*sh, requires_grad=True) for sh in shapes]
+    return a, [t.detach().clone().requires_grad_() for t in a]
+
+
+def test_inplace_on_a_leaf_under_no_grad_is_not_recorded_as_in_eager():
+    # Manual SGD, an EMA update, a clamp: eager allows in-place writes to leaves that require
+    # grad under no_grad, and autograd does not see them.
+    def f(x, w, b):
+        y = (x * w).sum() + b.sum()
+        with torch.no_grad():
+            w.mul_(2)
+            b[0] = 7.0
+            w.detach().add_(1)
+            z = w * 3
+        return y, z, w
+
+    x = torch.randn(3)
+    (w1, b1), (w2, b2) = _twins((3,), (2,))
+    ours, ref = keraunos.jit(f)(x, w1, b1), f(x, w2, b2)
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close((w1, b1), (w2, b2))
+    assert ours[2] is w1 and ours[1].requires_grad is False
+    assert (w1.is_leaf, w1.grad_fn, b1._version > 0) == (True, None, True)
+    ours[0].backward()
+    ref[0].backward()
+    torch.testing.assert_close((w1.grad, b1.grad), (w2.grad, b2.grad))
+
+    # Autograd sees eager's tensor as the leaf it was; a functional program would see a value
+    # computed from the old one: refused by name until it can say that.
+    def h(w):
+        with torch.no_grad():
+            w.mul_(2)
+        return w * 3
+
+    with pytest.raises(NotImplementedError, match=r"mul.*after an in-place write.*no_grad"):
+        keraunos.jit(h)(torch.randn(3, requires_grad=True))
+
+    def g(w):
+        y = w * w  # saves w
+        with torch.no_grad():
+            w.add_(1)
+        return y
+
+    (w1,), (w2,) = _twins((3,))
+    for fn, w in ((keraunos.jit(g), w1), (g, w2)):
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            fn(w).sum().backward()
+
+
+def test_enable_grad_inside_a_call_under_no_grad_records_as_in_eager():
+    def f(x, w):
+        a = x.sin()
+        with torch.enable_grad():
+            y = (a * w).exp()
+            z = y * 2
+        return z + 1, y, torch.is_grad_enabled()
+
+    x = torch.randn(3)
+    (w1,), (w2,) = _twins((3,))
+    with torch.no_grad():
+        ours, ref = keraunos.jit(f)(x, w1), f(x, w2)
+    torch.testing.assert_close(ours, ref)
+    assert [t.requires_grad for t in ours[:2]] == [t.requires_grad for t in ref[:2]]
+    ours[1].sum().backward()
+    ref[1].sum().backward()
+    torch.testing.assert_close(w1.grad, w2.grad)
+
+    def g(w):
+        with torch.enable_grad():
+            return w.t()
+
+    with (
+        torch.no_grad(),
+        pytest.raises(NotImplementedError, match=r"torch\.Tensor\.t.*enable_grad"),
+    ):
+        keraunos.jit(g)(torch.randn(2, 3, requires_grad=True))
+
+
 @torch.no_grad()
 def _scale(h):
     return h.sum(-1, keepdim=True)

@@ -66,6 +66,7 @@ struct Storage {
   bool written = false;
   bool viewed = false;
   bool flat = false;
+  bool recorded_write = false; // written through a tensor autograd sees (not a detached alias)
   TensorRef input;      // an input living in this storage, if any
   TensorRef value;      // simple storages: the newest value of the root
   TensorRef flat_view;  // flat input storages: the 1-D view of the input written back
@@ -260,6 +261,8 @@ private:
       finish_outputs(bs);
       return;
     }
+    if (bs.op == OpId::detach || (makes_alias(bs) && detached_.count(bs.args.at(0).tensor().get())))
+      for (const auto& t : bs.outputs()) detached_.insert(t.get());
     if (bs.op == OpId::prim_copy_) {
       const TensorRef& src = bs.args[1].tensor();
       TensorRef val = read(src);
@@ -268,6 +271,7 @@ private:
       const TensorRef& dst = bs.args[0].tensor();
       if (!storage_of(dst)->input && user_visible_.count(src.get()) && !aliases_.count(val.get()))
         val = emit(OpId::clone, {Arg(val)});
+      if (!detached_.count(dst.get())) storage_of(dst)->recorded_write = true;
       write(dst, val);
       return;
     }
@@ -331,12 +335,19 @@ private:
     std::map<int64_t, Storage*> ordered;
     for (auto& [id, s] : storages_)
       if (s.written && s.input) ordered[id] = &s;
+    // An input that requires grad, written only through detached aliases (in-place ops under
+    // torch.no_grad, x.detach().mul_(2)), is written back through one too: eager's write is
+    // not recorded by autograd (and is allowed on a leaf).
+    std::map<int64_t, TensorRef> dst;
     for (auto& [id, s] : ordered) {
-      if (s->flat) {
-        if (s->S != s->flat_view) b_.write_into(s->flat_view, s->S);
-      } else if (s->value) {
-        b_.write_into(s->input, s->value);
-      }
+      TensorRef d = s->flat ? s->flat_view : s->input;
+      if (s->flat ? s->S == s->flat_view : !s->value) continue;
+      if (s->input->requires_grad && !s->recorded_write) d = emit(OpId::detach, {Arg(d)});
+      dst[id] = d;
+    }
+    for (auto& [id, d] : dst) {
+      Storage* s = ordered[id];
+      b_.write_into(d, s->flat ? s->S : s->value);
     }
     b_.set_return(out);
   }
@@ -349,6 +360,7 @@ private:
   std::unordered_map<const TensorProxy*, TensorRef> out_views_;
   std::unordered_set<const TensorProxy*> aliases_; // inputs and views: values that share memory
   std::unordered_set<const TensorProxy*> user_visible_; // outputs of the program's own calls
+  std::unordered_set<const TensorProxy*> detached_;     // detach()es and views of them
 };
 
 } // namespace
