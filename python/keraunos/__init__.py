@@ -6,8 +6,9 @@ from . import (
 )
 from .dynamo import compile, compile_stats, explain
 from .jit import jit, last_traces
+from .options import options, set_option
 
-__all__ = ["jit", "last_traces", "compile_stats", "compile", "explain"]
+__all__ = ["jit", "last_traces", "compile_stats", "compile", "explain", "options", "set_option"]
 __version__ = "0.1.0"
 
 from .dynamo import _register  # noqa: E402

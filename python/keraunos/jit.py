@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import time
 import warnings
 
@@ -17,8 +16,6 @@ from .tracer import Proxy, Tracer, to_c
 
 # Tests set this to a set to collect the names of the ops that acquired traces contain.
 OP_COVERAGE: set | None = None
-_VERIFY = os.environ.get("KERAUNOS_VERIFY", "0") not in ("", "0")
-_DUMP = {s.strip() for s in os.environ.get("KERAUNOS_DUMP", "").split(",") if s.strip()}
 
 
 class ProgramTrace:
@@ -65,7 +62,7 @@ _warned_no_compiler = False
 
 
 def _fusion_default() -> bool:
-    return os.environ.get("KERAUNOS_FUSION", "1") not in ("", "0")
+    return _C.option("fusion")
 
 
 def build_program(trace, name="program", prims=False, fusion=False, kernels_out=None):
@@ -81,7 +78,7 @@ def build_program(trace, name="program", prims=False, fusion=False, kernels_out=
         from . import _cuda
 
         _cuda.configure()  # where NVRTC is, for CUDA regions
-        check_cuda = os.environ.get("KERAUNOS_CHECK_CUDA_CODEGEN", "0") not in ("", "0")
+        check_cuda = _C.option("check_cuda_codegen")
         try:
             src, kernels = _C.fused_program(trace, name, True, True, check_cuda)
         except _C.CpuCompilerUnavailable as e:
@@ -131,7 +128,9 @@ class Stats:
 class JittedFunction(_C.Dispatcher):
     """The callable `keraunos.jit(fn)` returns. Calls go straight to the C++ dispatcher."""
 
-    def __init__(self, fn, fusion_type="consecutive", fusion=None):
+    def __init__(self, fn, fusion_type=None, fusion=None):
+        if fusion_type is None:
+            fusion_type = _C.option("fusion_type")
         if fusion_type not in ("consecutive", "dataflow"):
             raise ValueError(
                 f"fusion_type must be 'consecutive' or 'dataflow', got {fusion_type!r}"
@@ -230,7 +229,7 @@ class JittedFunction(_C.Dispatcher):
         acquire_ms = (time.perf_counter() - t_start) * 1e3
         acquired.ms = acquire_ms
         default_float = to_kr_dtype(torch.get_default_dtype())
-        traces = _C.run_pipeline(acquired, self._fusion_type, _VERIFY, default_float)
+        traces = _C.run_pipeline(acquired, self._fusion_type, _C.option("verify"), default_float)
         t_cg = time.perf_counter()
         kernels = []
         # Generated kernels have no backward: a program that autograd must record (grad mode
@@ -247,7 +246,7 @@ class JittedFunction(_C.Dispatcher):
             st.last_pass_ms[t.stage] = st.last_pass_ms.get(t.stage, 0.0) + t.ms
         st.last_pass_ms["codegen"] = cg_ms
         st.compile_ms += (time.perf_counter() - t_start) * 1e3
-        if "traces" in _DUMP:
+        if "traces" in {s.strip() for s in _C.option("dump").split(",")}:
             for t in self._traces:
                 print(t)
         return program, self._traces
@@ -421,7 +420,7 @@ def _unflatten(spec, flat):
 class JittedModule:
     """keraunos.jit(module): parameters and buffers are inputs of the trace."""
 
-    def __init__(self, module: torch.nn.Module, fusion_type="consecutive", fusion=None):
+    def __init__(self, module: torch.nn.Module, fusion_type=None, fusion=None):
         self.module = module
         self._jf = JittedFunction(self._forward, fusion_type, fusion)
         self._names = None
@@ -453,13 +452,14 @@ class JittedModule:
         return getattr(self.module, name)
 
 
-def jit(fn=None, *, fusion_type: str = "consecutive", fusion: bool | None = None):
+def jit(fn=None, *, fusion_type: str | None = None, fusion: bool | None = None):
     """Compiles `fn` (a function or an nn.Module) on its first call for each input signature.
 
     fusion_type: "consecutive" fuses runs of adjacent fusible ops in program order;
-    "dataflow" may merge any fusible neighbours whose merge creates no cycle.
-    fusion: generate kernels for fusion regions (default: on, unless KERAUNOS_FUSION=0);
-    False runs every region through torch.
+    "dataflow" may merge any fusible neighbours whose merge creates no cycle (default: the
+    "fusion_type" option, "consecutive").
+    fusion: generate kernels for fusion regions (default: the "fusion" option, on unless
+    KERAUNOS_FUSION=0); False runs every region through torch. keraunos.options() lists them.
     """
     if fn is None:
         return functools.partial(jit, fusion_type=fusion_type, fusion=fusion)

@@ -2,6 +2,7 @@
 
 #include "keraunos/codegen/embedded.h"
 #include "keraunos/ir/error.h"
+#include "keraunos/support/options.h"
 
 #include <algorithm>
 #include <cctype>
@@ -1567,73 +1568,31 @@ int64_t pow2_ceil(int64_t x) {
 } // namespace
 
 void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
-  // On/off keys: a nonzero value turns them on.
-  static const std::pair<const char*, int CudaDeviceInfo::*> kSwitches[] = {
+  // The keys, their ranges and meaning are declared in the options registry; here only which
+  // field each sets.
+  static const std::pair<const char*, int CudaDeviceInfo::*> kFields[] = {
+      {"block_threads", &CudaDeviceInfo::block_threads},
+      {"block_min_blocks", &CudaDeviceInfo::block_min_blocks},
       {"block_persist", &CudaDeviceInfo::block_persist},
+      {"cache_hints", &CudaDeviceInfo::cache_hints},
+      {"pointwise_vec", &CudaDeviceInfo::pointwise_vec},
+      {"cluster_hoist_kb", &CudaDeviceInfo::cluster_hoist_kb},
       {"cluster_merge_variance", &CudaDeviceInfo::cluster_merge_variance},
       {"cluster_merge_softmax", &CudaDeviceInfo::cluster_merge_softmax},
+      {"cluster_threads", &CudaDeviceInfo::cluster_threads},
+      {"max_cluster", &CudaDeviceInfo::max_cluster},
+      {"cluster_reg_values", &CudaDeviceInfo::cluster_reg_values},
+      {"cluster_smem_bytes", &CudaDeviceInfo::cluster_smem_bytes},
+      {"cluster_persist", &CudaDeviceInfo::cluster_persist},
       {"cluster_prefetch", &CudaDeviceInfo::cluster_prefetch},
       {"cluster_async_reduce", &CudaDeviceInfo::cluster_async_reduce},
       {"reuse_values", &CudaDeviceInfo::reuse_values},
   };
-  std::istringstream items(spec);
-  for (std::string item; std::getline(items, item, ',');) {
-    if (item.empty()) continue;
-    const size_t eq = item.find('=');
-    KR_CHECK(eq != std::string::npos, Value, "KERAUNOS_CUDA_TUNE: '", item,
-             "' is not key=value");
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    int v = 0;
-    try {
-      size_t used = 0;
-      v = std::stoi(value, &used);
-      KR_CHECK(used == value.size(), Value, "KERAUNOS_CUDA_TUNE: '", item, "' is not a number");
-    } catch (const std::logic_error&) {
-      KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: '", item, "' is not a number");
-    }
-    auto pow2_in = [&](int lo, int hi) { return v >= lo && v <= hi && (v & (v - 1)) == 0; };
-    if (key == "block_threads") {
-      KR_CHECK(v == 0 || pow2_in(32, 1024), Value,
-               "KERAUNOS_CUDA_TUNE: block_threads must be 0 or a power of two in 32..1024");
-      info.block_threads = v;
-    } else if (key == "block_min_blocks") {
-      KR_CHECK(v >= 0 && v <= 32, Value, "KERAUNOS_CUDA_TUNE: block_min_blocks is 0..32");
-      info.block_min_blocks = v;
-    } else if (key == "cache_hints") {
-      KR_CHECK(v >= 0 && v <= 7, Value, "KERAUNOS_CUDA_TUNE: cache_hints is 0..7 (bits)");
-      info.cache_hints = v;
-    } else if (key == "pointwise_vec") {
-      KR_CHECK(pow2_in(1, 16), Value, "KERAUNOS_CUDA_TUNE: pointwise_vec must be 1, 2, 4, 8 or 16");
-      info.pointwise_vec = v;
-    } else if (auto sw = std::find_if(std::begin(kSwitches), std::end(kSwitches),
-                                      [&](const auto& s) { return key == s.first; });
-               sw != std::end(kSwitches)) {
-      info.*(sw->second) = v != 0;
-    } else if (key == "cluster_hoist_kb") {
-      KR_CHECK(v >= 0 && v <= 227, Value, "KERAUNOS_CUDA_TUNE: cluster_hoist_kb is 0..227");
-      info.cluster_hoist_kb = v;
-    } else if (key == "cluster_threads") {
-      KR_CHECK(pow2_in(32, 1024), Value,
-               "KERAUNOS_CUDA_TUNE: cluster_threads must be a power of two in 32..1024");
-      info.cluster_threads = v;
-    } else if (key == "max_cluster") {
-      KR_CHECK(pow2_in(1, 16), Value, "KERAUNOS_CUDA_TUNE: max_cluster must be 1, 2, 4, 8 or 16");
-      info.max_cluster = v;
-    } else if (key == "cluster_reg_values") {
-      KR_CHECK(v >= 0 && v <= 64, Value, "KERAUNOS_CUDA_TUNE: cluster_reg_values is 0..64");
-      info.cluster_reg_values = v;
-    } else if (key == "cluster_smem_bytes") {
-      info.cluster_smem_bytes = v;
-    } else if (key == "cluster_persist") {
-      KR_CHECK(v >= -1, Value, "KERAUNOS_CUDA_TUNE: cluster_persist is -1 (fit), 0 or a count");
-      info.cluster_persist = v;
-    } else {
-      KR_USER_ERROR(Value, "KERAUNOS_CUDA_TUNE: unknown key '", key,
-                    "' (block_threads, block_min_blocks, block_persist, cache_hints, pointwise_vec, "
-                    "cluster_hoist_kb, cluster_merge_variance, cluster_merge_softmax, "
-                    "cluster_threads, max_cluster, cluster_reg_values, "
-                    "cluster_smem_bytes, cluster_persist, cluster_prefetch, cluster_async_reduce, reuse_values)");
-    }
+  for (const auto& [key, v] : options::tuning("cuda_tune", spec)) {
+    auto f = std::find_if(std::begin(kFields), std::end(kFields),
+                          [&](const auto& e) { return key == e.first; });
+    KR_INTERNAL(f != std::end(kFields), "cuda_tune key ", key, " sets no field");
+    info.*(f->second) = static_cast<int>(v);
   }
 }
 

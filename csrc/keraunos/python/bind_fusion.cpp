@@ -4,6 +4,7 @@
 // (data_ptr, stride), allocates its outputs with torch.empty_strided and runs the kernel with
 // the GIL released.
 #include "keraunos/codegen/cpu_emitter.h"
+#include "keraunos/support/options.h"
 #include "keraunos/codegen/fused_program.h"
 #include "keraunos/ir/error.h"
 #include "keraunos/runtime/cpu_compiler.h"
@@ -71,10 +72,7 @@ struct OutputSpec {
 constexpr int64_t kHugePageOutput = int64_t{4} << 20;
 
 bool huge_pages_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("KERAUNOS_HUGEPAGES");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
+  static const bool on = options::flag("hugepages");
   return on;
 }
 

@@ -7,6 +7,7 @@
 #include "keraunos/ir/verifier.h"
 #include "keraunos/ops/builder.h"
 #include "keraunos/passes/pass_manager.h"
+#include "keraunos/support/options.h"
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -235,6 +236,53 @@ NB_MODULE(_C, m) {
         return py::alias_groups(ts);
       },
       "tensors"_a, "For each tensor, the index of the first earlier one sharing its storage, or -1.");
+
+  // The options registry (support/options.h): keraunos.options() lists it.
+  m.def("option_table", [] {
+    nb::list out;
+    for (const options::Option& o : options::all()) {
+      nb::dict d;
+      d["name"] = o.name;
+      d["env"] = o.env ? nb::object(nb::str(o.env)) : nb::none();
+      static const char* kKinds[] = {"flag", "text", "words", "tuning"};
+      d["kind"] = kKinds[static_cast<int>(o.kind)];
+      d["default"] = o.fallback;
+      d["jit_arg"] = o.jit_arg ? nb::object(nb::str(o.jit_arg)) : nb::none();
+      d["doc"] = o.doc;
+      d["set"] = options::get(o.name);
+      nb::list keys;
+      for (const options::TuningKey& k : options::tuning_keys())
+        if (std::string_view(k.option) == o.name)
+          keys.append(nb::make_tuple(k.name, k.lo, k.hi, k.pow2, k.zero_ok, k.is_switch, k.doc));
+      d["keys"] = keys;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("option", [](const std::string& name) -> nb::object {
+    for (const options::Option& o : options::all()) {
+      if (name != o.name) continue;
+      switch (o.kind) {
+      case options::Kind::Flag: return nb::bool_(options::flag(name));
+      case options::Kind::Text: return nb::str(options::text(name).c_str());
+      case options::Kind::Words: return nb::cast(options::words(name));
+      case options::Kind::Tuning: {
+        nb::dict d;
+        for (const auto& [k, v] : options::tuning(name)) d[k.c_str()] = v;
+        return d;
+      }
+      }
+    }
+    options::get(name); // the unknown-option error
+    return nb::none();
+  }, "name"_a, "The option's value now (typed: bool, str, list of words or dict of keys).");
+  m.def(
+      "set_option",
+      [](const std::string& name, std::optional<std::string> value) {
+        options::set(name, std::move(value));
+      },
+      "name"_a, "value"_a.none(),
+        "Sets an option for this process (None: back to its environment variable or default).");
 
   bind_cpu(m);
   bind_embedded(m);

@@ -1,4 +1,5 @@
 #include "keraunos/runtime/cpu_cache.h"
+#include "keraunos/support/options.h"
 
 #include <atomic>
 #include <cerrno>
@@ -98,8 +99,7 @@ CacheEntryPaths CacheEntryPaths::of(const std::filesystem::path& dir, const std:
 }
 
 std::filesystem::path default_cpu_cache_dir() {
-  if (const char* d = std::getenv("KERAUNOS_CACHE_DIR"); d && *d)
-    return std::filesystem::path(d) / "cpu";
+  if (auto d = options::get("cache_dir")) return std::filesystem::path(*d) / "cpu";
   if (const char* home = std::getenv("HOME"); home && *home)
     return std::filesystem::path(home) / ".cache" / "keraunos" / "cpu";
   const char* tmp = std::getenv("TMPDIR");

@@ -1,4 +1,5 @@
 #include "keraunos/runtime/cpu_compiler.h"
+#include "keraunos/support/options.h"
 
 #include "keraunos/ir/error.h"
 #include "keraunos/runtime/cpu_cache.h"
@@ -176,10 +177,7 @@ Toolchain find_toolchain(const std::optional<std::string>& search_override) {
     search = "/usr/local/bin:/usr/bin:/bin";
   }
   std::vector<std::vector<std::string>> candidates;
-  if (const char* cxx = std::getenv("CXX"); cxx && *cxx) {
-    auto words = split_words(cxx);
-    if (!words.empty()) candidates.push_back(words);
-  }
+  if (auto words = options::words("cxx"); !words.empty()) candidates.push_back(words);
   for (const char* name : {"c++", "g++", "clang++"}) candidates.push_back({name});
 
   Toolchain tc;
@@ -514,7 +512,7 @@ void* open_library(const fs::path& so, const std::string& key, std::string* erro
 
 CompileOptions CompileOptions::from_env() {
   CompileOptions o;
-  if (const char* extra = std::getenv("KERAUNOS_CXXFLAGS")) o.extra_flags = split_words(extra);
+  o.extra_flags = options::words("cxxflags");
   return o;
 }
 

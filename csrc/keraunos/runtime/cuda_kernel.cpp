@@ -1,4 +1,5 @@
 #include "keraunos/runtime/cuda_kernel.h"
+#include "keraunos/support/options.h"
 
 #include "keraunos/ir/error.h"
 #include "keraunos/runtime/nvrtc.h"
@@ -38,7 +39,7 @@ codegen::CudaDeviceInfo cuda_device_info(int device) {
                                     dev),
              "cuDeviceGetAttribute");
   std::tie(info.major, info.minor) = compute_capability(device);
-  if (const char* tune = std::getenv("KERAUNOS_CUDA_TUNE")) codegen::apply_cuda_tuning(info, tune);
+  if (auto tune = options::get("cuda_tune")) codegen::apply_cuda_tuning(info, *tune);
   return info;
 }
 
@@ -101,7 +102,7 @@ std::string compile_cuda_kernel_cubin_only(const kir::Kernel& k, int major, int 
   codegen::CudaDeviceInfo info;
   info.major = major;
   info.minor = minor;
-  if (const char* tune = std::getenv("KERAUNOS_CUDA_TUNE")) codegen::apply_cuda_tuning(info, tune);
+  if (auto tune = options::get("cuda_tune")) codegen::apply_cuda_tuning(info, *tune);
   codegen::CudaKernelSource src = codegen::emit_cuda(k, info);
   std::string cubin = compile_cuda(src.source, k.name, sm_arch(major, minor)).cubin;
   if (source_out) *source_out = std::move(src.source);

@@ -1,4 +1,5 @@
 #include "keraunos/runtime/kernel_cache.h"
+#include "keraunos/support/options.h"
 
 #include "keraunos/runtime/cpu_cache.h" // the one FNV-1a of the project
 
@@ -152,7 +153,7 @@ CacheKey& CacheKey::add(std::int64_t value) { return add(std::to_string(value));
 std::string CacheKey::hex() const { return sha256_hex(material_); }
 
 fs::path default_cache_root() {
-  if (const char* dir = std::getenv("KERAUNOS_CACHE_DIR"); dir && *dir) return fs::path(dir);
+  if (auto dir = options::get("cache_dir")) return fs::path(*dir);
   if (const char* home = std::getenv("HOME"); home && *home)
     return fs::path(home) / ".cache" / "keraunos";
   return {};

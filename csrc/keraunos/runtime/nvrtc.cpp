@@ -1,4 +1,5 @@
 #include "keraunos/runtime/nvrtc.h"
+#include "keraunos/support/options.h"
 
 #include "keraunos/ir/error.h"
 #include "keraunos/runtime/kernel_cache.h"
@@ -108,7 +109,7 @@ std::unique_ptr<const NvrtcApi> try_open(const std::string& candidate, std::stri
 
 std::vector<std::string> candidates(const std::vector<std::string>& search_dirs) {
   static constexpr const char* kNames[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
-  if (const char* lib = std::getenv("KERAUNOS_NVRTC_LIBRARY"); lib && *lib) return {lib};
+  if (auto lib = options::get("nvrtc_library")) return {*lib};
   std::vector<std::string> dirs = search_dirs;
   for (const char* var : {"CUDA_HOME", "CUDA_PATH"})
     if (const char* home = std::getenv(var); home && *home)
