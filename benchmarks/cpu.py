@@ -14,7 +14,12 @@ Cases (float32 unless said):
   softmax     torch.softmax(x, -1) on (4096, 4096),
   layer_norm  F.layer_norm(x, (4096,), w, b) on (4096, 4096),
   rms_norm    HF's LlamaRMSNorm on bfloat16 (4096, 4096): statistics in float32, cast back,
-  rms_norm_fn F.rms_norm on the same bfloat16 tensors.
+  rms_norm_fn F.rms_norm on the same bfloat16 tensors,
+  sin5, cos5, tan5, exp5, log5, tanh5, erf5, sigmoid5, pow5
+              one transcendental alone in a chain of five on 2^24 elements (each step keeps
+              the values in the function's domain and the chain well conditioned: sin(x) * 1.5,
+              tan(x * 0.25), exp(x * -0.5),
+              log(|x| + 1), pow(|x| + 0.5, 1.3), ...).
 --quick uses 2^16 elements and (256, 512) rows: a smoke test, not a measurement.
 
 Threads: --threads (default: every usable core) sets torch.set_num_threads and, by
@@ -29,6 +34,28 @@ import sys
 import bench_util as bu
 import torch
 
+# One transcendental in a chain of five: name -> one step.
+STEPS = {
+    "sin": lambda x: torch.sin(x) * 1.5,
+    "cos": lambda x: torch.cos(x) * 1.5,
+    "tan": lambda x: torch.tan(x * 0.25),
+    "exp": lambda x: torch.exp(x * -0.5),
+    "log": lambda x: torch.log(x.abs() + 1),
+    "tanh": lambda x: torch.tanh(x) * 1.5,
+    "erf": lambda x: torch.erf(x) * 1.5,
+    "sigmoid": lambda x: torch.sigmoid(x) * 1.5,
+    "pow": lambda x: torch.pow(x.abs() + 0.5, 1.3),
+}
+
+
+def _chain5(step):
+    def chain5(x):
+        for _ in range(5):
+            x = step(x)
+        return x
+
+    return chain5
+
 
 def cases(quick):
     n = 2**16 if quick else 2**24
@@ -41,6 +68,7 @@ def cases(quick):
         bu.Case("layer_norm", bu.layer_norm, [(rows, cols), (cols,), (cols,)], f32),
         bu.Case("rms_norm", bu.rms_norm, [(rows, cols), (cols,)], bf16),
         bu.Case("rms_norm_fn", bu.rms_norm_fn, [(rows, cols), (cols,)], bf16),
+        *(bu.Case(f"{name}5", _chain5(step), [(n,)], f32) for name, step in STEPS.items()),
     ]
 
 

@@ -55,6 +55,7 @@ void bind_cpu(nb::module_& m) {
     d["flags"] = ci.flags;
     d["openmp"] = ci.openmp;
     d["march_native"] = ci.march_native;
+    d["vector_math"] = ci.vector_math;
     d["cache_dir"] = ci.cache_dir;
     return d;
   });

@@ -225,6 +225,25 @@ extern "C" int keraunos_probe(int n) {
 }
 )";
 
+// glibc's vector math library: GCC vectorizes these calls into its SIMD variants (kr_cpu.h uses
+// it for sin, cos, tan and erf when the probe keeps -DKR_HAVE_MVEC=1 -lmvec).
+constexpr const char* kMvecProbeSource = R"(#include <cmath>
+extern "C" {
+__attribute__((simd("notinbranch"))) float sinf(float) noexcept;
+int keraunos_probe(int n) {
+  float x[64], y[64];
+  for (int i = 0; i < 64; ++i) x[i] = 0.1f * static_cast<float>(i + n);
+  for (int i = 0; i < 64; ++i) y[i] = sinf(x[i]);
+  int bad = 0;
+  for (int i = 0; i < 64; ++i) bad += std::fabs(y[i] - static_cast<float>(std::sin(double(x[i])))) > 1e-6f;
+  return bad;
+}
+}
+)";
+// --no-as-needed: the flags come before the kernel's source, where an --as-needed linker
+// (Ubuntu's default) would drop the library.
+const std::vector<std::string> kMvecFlags{"-DKR_HAVE_MVEC=1", "-Wl,--no-as-needed", "-lmvec"};
+
 struct Probed {
   bool ok = false;
   std::vector<std::string> flags; // effective: kept flags, then extra flags
@@ -279,6 +298,7 @@ public:
     for (const auto& f : p.flags) {
       ci.openmp |= f == "-fopenmp";
       ci.march_native |= f == "-march=native";
+      ci.vector_math |= f == "-lmvec";
     }
     return ci;
   }
@@ -346,7 +366,7 @@ private:
     if (it != probes_.end()) return it->second;
 
     Fnv1a128 h;
-    h.field("keraunos-cpu-probe-v1").field(tc_.key_path()).field(tc_.identity);
+    h.field("keraunos-cpu-probe-v2").field(tc_.key_path()).field(tc_.identity);
     for (const auto& f : request) h.field(f);
     fs::path record = dir_ / ("toolchain-" + h.hex() + ".txt");
     Probed p;
@@ -393,16 +413,24 @@ private:
       }
       p.flags = with(kept);
     }
+    // glibc's vector math, where the compiler links and loads it and its sin is right (before
+    // the user's extra flags, which stay last).
+    std::vector<std::string> mvec = p.flags;
+    mvec.insert(mvec.end() - static_cast<std::ptrdiff_t>(o.extra_flags.size()), kMvecFlags.begin(),
+                kMvecFlags.end());
+    if (probe_compile(mvec, nullptr, kMvecProbeSource, true)) p.flags = std::move(mvec);
     p.ok = true;
     write_file_atomic(record, "ok\n" + join(p.flags, "\n") + "\n"); // best effort
     return probes_.emplace(request, std::move(p)).first->second;
   }
 
-  // Compiles and loads the probe with these flags; all temporaries removed.
-  bool probe_compile(const std::vector<std::string>& flags, std::string* why) {
+  // Compiles and loads the probe with these flags (and, with `call`, checks that its
+  // keraunos_probe(0) returns 0); all temporaries removed.
+  bool probe_compile(const std::vector<std::string>& flags, std::string* why,
+                     const char* source = kProbeSource, bool call = false) {
     fs::path base = temp_path_beside(dir_ / "probe");
     fs::path src = base.string() + ".cpp", so = base.string() + ".so";
-    bool ok = write_file_atomic(src, kProbeSource);
+    bool ok = write_file_atomic(src, source);
     if (ok) {
       std::vector<std::string> argv{tc_.path};
       argv.insert(argv.end(), tc_.launcher_args.begin(), tc_.launcher_args.end());
@@ -414,7 +442,8 @@ private:
       if (ok) {
         // Linking is not enough: libgomp must also be found at load time.
         void* h = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-        ok = h && dlsym(h, "keraunos_probe");
+        void* fn = h ? dlsym(h, "keraunos_probe") : nullptr;
+        ok = fn && (!call || reinterpret_cast<int (*)(int)>(fn)(0) == 0);
         if (!ok && why) *why = std::string("dlopen: ") + (h ? "no symbol" : dlerror());
         if (h) dlclose(h);
       }

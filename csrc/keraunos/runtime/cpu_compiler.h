@@ -58,6 +58,7 @@ struct CompilerInfo {
   std::vector<std::string> flags; // what kernels are compiled with, after the probe
   bool openmp = false;
   bool march_native = false;
+  bool vector_math = false; // glibc's libmvec (kr_cpu.h's sin, cos, tan, erf)
   std::string cache_dir;
 };
 

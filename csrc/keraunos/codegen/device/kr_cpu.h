@@ -243,6 +243,23 @@ static inline double kr_reduce_pio2(float x, int32_t* q) {
   return (s - n) * 1.5707963267948966;
 }
 
+// Where the kernel compiler links glibc's vector math library (the CPU compiler's probe adds
+// -DKR_HAVE_MVEC=1 -lmvec; GCC only, whose `simd` attribute names the vector variants), sin,
+// cos, tan and erf call it: GCC vectorizes each call into its SIMD variant (_ZGVdN8v_sinf on
+// AVX2, _ZGVeN16v_sinf on AVX-512; at most 4 ulp, about 2 measured), 1.6-3.7x faster than the
+// helpers below (benchmarks/bench_cpu_math.py). Arguments past about 1e5 take its scalar path.
+#if defined(KR_HAVE_MVEC) && defined(__GNUC__) && !defined(__clang__)
+#define KR_MVEC 1
+extern "C" {
+__attribute__((simd("notinbranch"))) float sinf(float) noexcept;
+__attribute__((simd("notinbranch"))) float cosf(float) noexcept;
+__attribute__((simd("notinbranch"))) float tanf(float) noexcept;
+__attribute__((simd("notinbranch"))) float erff(float) noexcept;
+}
+static inline float kr_sin(float x) { return sinf(x); }
+static inline float kr_cos(float x) { return cosf(x); }
+static inline float kr_tan(float x) { return tanf(x); }
+#else
 static inline float kr_sin(float x) {
   int32_t q;
   double r = kr_reduce_pio2(x, &q);
@@ -254,7 +271,6 @@ static inline float kr_sin(float x) {
   float y = static_cast<float>(v);
   return kr_self(std::fabs(x) < 2.44140625e-4f, x, y); // sin(x) rounds to x there; keeps -0
 }
-static inline double kr_sin(double x) { return std::sin(x); }
 
 static inline float kr_cos(float x) {
   int32_t q;
@@ -264,7 +280,6 @@ static inline float kr_cos(float x) {
   v = kr_seld((q + 1) & 2, -v, v);
   return static_cast<float>(v);
 }
-static inline double kr_cos(double x) { return std::cos(x); }
 
 static inline float kr_tan(float x) {
   int32_t q;
@@ -274,6 +289,9 @@ static inline float kr_tan(float x) {
   float y = static_cast<float>(v);
   return kr_self(std::fabs(x) < 2.44140625e-4f, x, y);
 }
+#endif
+static inline double kr_sin(double x) { return std::sin(x); }
+static inline double kr_cos(double x) { return std::cos(x); }
 static inline double kr_tan(double x) { return std::tan(x); }
 
 // ---- tanh, sigmoid, erf (float) -----------------------------------------------------------------
@@ -304,6 +322,9 @@ static inline float kr_sigmoid(float x) {
 }
 static inline double kr_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
+#ifdef KR_MVEC
+static inline float kr_erf(float x) { return erff(x); }
+#else
 static inline float kr_erf(float x) {
   float ax = std::fabs(x);
   // |x| < 1: erf(x) = x * P(x^2) (Chebyshev fit, relative error ~1e-9).
@@ -334,6 +355,7 @@ static inline float kr_erf(float x) {
   float y = ax < 1.0f ? small : std::copysign(big, x);
   return x != x ? x : y;
 }
+#endif
 static inline double kr_erf(double x) { return std::erf(x); }
 
 // ---- sqrt and friends ---------------------------------------------------------------------------
