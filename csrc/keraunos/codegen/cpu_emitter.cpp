@@ -73,6 +73,44 @@ int64_t work(const kir::Block& b) {
   return w;
 }
 
+// A long chain of costly values per element (five exps in a row) is latency-bound: each
+// element's chain is one dependency chain of hundreds of cycles, and the out-of-order window
+// holds about two iterations of it. Such an innermost pointwise loop runs in stages over
+// blocks of kStageBlock elements instead, each stage computing one costly value for the whole
+// block (independent elements: throughput-bound), the values later stages read kept in
+// per-block arrays (L1). On the EPYC host, exp(x * -0.5) five times over 2^24 floats:
+// 53 ms one element at a time, 19 ms in stages (one thread).
+constexpr int64_t kStageBlock = 256;
+
+// The innermost pointwise loop's stages: statement ranges [begin, end), each holding at most
+// one costly let (none when the loop has fewer than two, or accumulates, or is short).
+std::vector<std::pair<size_t, size_t>> stages(const kir::Loop& l) {
+  std::vector<std::pair<size_t, size_t>> out;
+  if (l.extent < 2 * kStageBlock) return out;
+  size_t costly = 0;
+  for (const auto& s : l.body) {
+    if (s.kind != kir::Stmt::Kind::Load && s.kind != kir::Stmt::Kind::Let &&
+        s.kind != kir::Stmt::Kind::Store)
+      return out;
+    costly += s.kind == kir::Stmt::Kind::Let && s.let.costly;
+  }
+  if (costly < 2) return out;
+  size_t begin = 0;
+  bool has_costly = false;
+  for (size_t i = 0; i < l.body.size(); ++i) {
+    const auto& s = l.body[i];
+    if (s.kind == kir::Stmt::Kind::Let && s.let.costly) {
+      if (has_costly) {
+        out.emplace_back(begin, i);
+        begin = i;
+      }
+      has_costly = true;
+    }
+  }
+  out.emplace_back(begin, l.body.size());
+  return out;
+}
+
 bool has_loop(const kir::Block& b) {
   for (const auto& s : b)
     if (s.kind == kir::Stmt::Kind::Loop) return true;
@@ -121,6 +159,13 @@ private:
         const kir::Loop& l = *s.loop;
         bool innermost = !has_loop(l.body);
         bool threaded_child = false;
+        // Not where an output shares memory with an input: a stage writes its block before
+        // later stages read it.
+        const auto st = innermost && l.kind != kir::LoopKind::Reduce && k_.noalias
+                            ? stages(l)
+                            : std::vector<std::pair<size_t, size_t>>{};
+        // A staged loop's simd pragmas go on its stage loops.
+        const bool simd = innermost && st.empty();
         if (top && l.kind == kir::LoopKind::Parallel && collapse_left_ == 0) {
           // Thread the perfectly nested parallel loops (collapsed) when there is enough work.
           int collapse = 1;
@@ -132,20 +177,24 @@ private:
             ++collapse;
           }
           if (work(b) >= kParallelWork) {
-            os_ << pad << "#pragma omp parallel for" << (innermost ? " simd" : "")
+            os_ << pad << "#pragma omp parallel for" << (simd ? " simd" : "")
                 << " schedule(static)";
             if (collapse > 1) os_ << " collapse(" << collapse << ")";
             os_ << "\n";
             collapse_left_ = collapse - 1;
             threaded_child = collapse_left_ > 0;
-          } else if (innermost) {
+          } else if (simd) {
             simd_pragma(l, pad);
           }
         } else if (top && collapse_left_ > 0) {
           --collapse_left_;
           threaded_child = collapse_left_ > 0;
-        } else if (innermost) {
+        } else if (simd) {
           simd_pragma(l, pad);
+        }
+        if (!st.empty()) {
+          staged(l, st, depth);
+          break;
         }
         os_ << pad << "for (int64_t " << l.var << " = 0; " << l.var << " < " << l.extent << "; ++"
             << l.var << ") {\n";
@@ -179,6 +228,51 @@ private:
       }
       }
     }
+  }
+
+  // The loop over blocks of kStageBlock elements (its pragma already printed: threads over the
+  // blocks, or none), then one simd loop per stage. Every value a stage defines is kept in a
+  // per-block array and declared again at the top of each later stage: the compiler drops the
+  // declarations a stage does not read.
+  void staged(const kir::Loop& l, const std::vector<std::pair<size_t, size_t>>& st, int depth) {
+    std::string pad(2 * depth, ' '), in(2 * depth + 2, ' '), body(2 * depth + 4, ' ');
+    const std::string b = l.var + "_b", n = l.var + "_n", j = l.var + "_j";
+    os_ << pad << "for (int64_t " << b << " = 0; " << b << " < " << l.extent << "; " << b
+        << " += " << kStageBlock << ") {\n";
+    os_ << in << "const int64_t " << n << " = " << l.extent << " - " << b << " < " << kStageBlock
+        << " ? " << l.extent << " - " << b << " : " << kStageBlock << ";\n";
+    std::vector<std::pair<std::string, DType>> defined; // values of earlier stages
+    for (size_t k = 0; k < st.size(); ++k) {
+      for (size_t i = st[k].first; i < st[k].second; ++i) {
+        const auto& s = l.body[i];
+        if (k + 1 < st.size() && s.kind != kir::Stmt::Kind::Store) {
+          const auto& [var, dt] = s.kind == kir::Stmt::Kind::Load
+                                      ? std::pair{s.load.var, s.load.dtype}
+                                      : std::pair{s.let.var, s.let.dtype};
+          os_ << in << kir::ctype(dt) << " " << var << "_s[" << kStageBlock << "];\n";
+        }
+      }
+      os_ << in << "#pragma omp simd\n";
+      os_ << in << "for (int64_t " << j << " = 0; " << j << " < " << n << "; ++" << j << ") {\n";
+      os_ << body << "const int64_t " << l.var << " = " << b << " + " << j << ";\n";
+      for (const auto& [var, dt] : defined)
+        os_ << body << "const " << kir::ctype(dt) << " " << var << " = " << var << "_s[" << j
+            << "];\n";
+      kir::Block part(l.body.begin() + static_cast<std::ptrdiff_t>(st[k].first),
+                      l.body.begin() + static_cast<std::ptrdiff_t>(st[k].second));
+      block(part, depth + 2, false);
+      if (k + 1 < st.size())
+        for (const auto& s : part) {
+          if (s.kind == kir::Stmt::Kind::Store) continue;
+          const auto& [var, dt] = s.kind == kir::Stmt::Kind::Load
+                                      ? std::pair{s.load.var, s.load.dtype}
+                                      : std::pair{s.let.var, s.let.dtype};
+          os_ << body << var << "_s[" << j << "] = " << var << ";\n";
+          defined.emplace_back(var, dt);
+        }
+      os_ << in << "}\n";
+    }
+    os_ << pad << "}\n";
   }
 
   void simd_pragma(const kir::Loop& l, const std::string& pad) {

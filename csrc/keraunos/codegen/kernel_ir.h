@@ -112,6 +112,7 @@ struct Let {
   std::string var;
   DType dtype; // compute dtype
   std::string expr;
+  bool costly = false; // computes an op tagged costly (tags::X: a transcendental)
 };
 
 // Declares accumulator `var` with the identity of `op` (for Max, -inf / the dtype's lowest;

@@ -353,7 +353,7 @@ public:
   }
 
 private:
-  std::string let(DType storage, const std::string& expr) {
+  std::string let(DType storage, const std::string& expr, bool costly = false) {
     DType c = kir::compute_dtype(storage);
     std::string e = expr;
     if (storage == DType::Float16) e = "kr_h2f(kr_f2h((float)(" + e + ")))";
@@ -362,6 +362,7 @@ private:
     l.var = fresh("v");
     l.dtype = c;
     l.expr = "(" + std::string(kir::ctype(c)) + ")(" + e + ")";
+    l.costly = costly;
     emit(kir::Stmt::of(l));
     return l.var;
   }
@@ -391,9 +392,10 @@ private:
     const BoundSymbol& b = *pit->second;
     const DType out = t->dtype;
     const DType oc = kir::compute_dtype(out);
+    const bool costly = b.def().has(tags::X);
     auto un = [&](const std::string& fn) {
       std::string a = operand(b.args[0], idx, oc);
-      return let(out, fn + "(" + a + ")");
+      return let(out, fn + "(" + a + ")", costly);
     };
     auto bin_in = [&](DType in) {
       DType ic = kir::compute_dtype(in);
@@ -405,7 +407,7 @@ private:
     };
     auto call2 = [&](const char* fn) {
       auto [x, y] = bin_in(operand_dtype(b));
-      return let(out, std::string(fn) + "(" + x + ", " + y + ")");
+      return let(out, std::string(fn) + "(" + x + ", " + y + ")", costly);
     };
     const DType in = operand_dtype(b);
     switch (b.op) {

@@ -24,6 +24,9 @@ inline constexpr uint32_t T = 1u << 8;  // opaque: runs through torch only (matm
 inline constexpr uint32_t Ret = 1u << 9; // the return statement
 inline constexpr uint32_t M = 1u << 10; // index remap (broadcast, reshape, permute, slice, ...)
 inline constexpr uint32_t F = 1u << 11; // a fusion region (its members are its subsymbols)
+// Costly per element: a transcendental (tens of dependent instructions). Kernel schedules use
+// it (the CPU emitter splits long chains of them into stages; see cpu_emitter.cpp).
+inline constexpr uint32_t X = 1u << 12;
 } // namespace tags
 
 enum class OpId : uint16_t {
