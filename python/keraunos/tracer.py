@@ -727,7 +727,7 @@ def record(op: str, display: str, args, kwargs):
     if (
         tr.needs_grad
         and tr.grad_at_start
-        and op.endswith("_")
+        and op in _INPLACE_OPS
         and args
         and isinstance(args[0], Proxy)
         and args[0]._p.requires_grad
@@ -764,6 +764,8 @@ def record(op: str, display: str, args, kwargs):
 
 
 _NO_DETACH = {"detach", "copy_", "manual_seed", "set_rng_state"}
+# The op table's in-place ops: each writes its first tensor argument.
+_INPLACE_OPS = frozenset(n for n in _C.op_names() if _C.op_info(n)["inplace"])
 
 
 def _check_no_recorded_read_after_unrecorded_write(tr, display, args, kwargs, file, line):

@@ -1,5 +1,6 @@
 // The options registry (support/options.h): values from set(), the environment and defaults;
 // the tuning keys' validation.
+#include "keraunos/codegen/cuda_emitter.h"
 #include "keraunos/ir/error.h"
 #include "keraunos/support/options.h"
 
@@ -78,5 +79,14 @@ TEST(Options, TuningKeysAreValidatedByTheTable) {
     EXPECT_NE(std::string(e.what()).find("KERAUNOS_CUDA_TUNE: max_cluster must be a power of two"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// The codegen's map from tuning keys to CudaDeviceInfo fields covers the registry's table.
+TEST(Options, EveryCudaTuningKeySetsAField) {
+  for (const auto& k : options::tuning_keys()) {
+    codegen::CudaDeviceInfo d;
+    EXPECT_NO_THROW(codegen::apply_cuda_tuning(d, std::string(k.name) + "=" + std::to_string(k.hi)))
+        << k.name;
   }
 }

@@ -241,35 +241,34 @@ private:
         << " += " << kStageBlock << ") {\n";
     os_ << in << "const int64_t " << n << " = " << l.extent << " - " << b << " < " << kStageBlock
         << " ? " << l.extent << " - " << b << " : " << kStageBlock << ";\n";
-    std::vector<std::pair<std::string, DType>> defined; // values of earlier stages
+    // The value a load or let defines (nullptr for a store).
+    auto value = [](const kir::Stmt& s) -> std::pair<const std::string*, DType> {
+      if (s.kind == kir::Stmt::Kind::Load) return {&s.load.var, s.load.dtype};
+      if (s.kind == kir::Stmt::Kind::Let) return {&s.let.var, s.let.dtype};
+      return {nullptr, DType::Float32};
+    };
+    std::vector<std::pair<const std::string*, DType>> defined; // values of earlier stages
     for (size_t k = 0; k < st.size(); ++k) {
-      for (size_t i = st[k].first; i < st[k].second; ++i) {
-        const auto& s = l.body[i];
-        if (k + 1 < st.size() && s.kind != kir::Stmt::Kind::Store) {
-          const auto& [var, dt] = s.kind == kir::Stmt::Kind::Load
-                                      ? std::pair{s.load.var, s.load.dtype}
-                                      : std::pair{s.let.var, s.let.dtype};
-          os_ << in << kir::ctype(dt) << " " << var << "_s[" << kStageBlock << "];\n";
-        }
-      }
+      const bool last = k + 1 == st.size();
+      kir::Block part(l.body.begin() + static_cast<std::ptrdiff_t>(st[k].first),
+                      l.body.begin() + static_cast<std::ptrdiff_t>(st[k].second));
+      if (!last)
+        for (size_t i = st[k].first; i < st[k].second; ++i)
+          if (auto [var, dt] = value(l.body[i]); var)
+            os_ << in << kir::ctype(dt) << " " << *var << "_s[" << kStageBlock << "];\n";
       os_ << in << "#pragma omp simd\n";
       os_ << in << "for (int64_t " << j << " = 0; " << j << " < " << n << "; ++" << j << ") {\n";
       os_ << body << "const int64_t " << l.var << " = " << b << " + " << j << ";\n";
       for (const auto& [var, dt] : defined)
-        os_ << body << "const " << kir::ctype(dt) << " " << var << " = " << var << "_s[" << j
+        os_ << body << "const " << kir::ctype(dt) << " " << *var << " = " << *var << "_s[" << j
             << "];\n";
-      kir::Block part(l.body.begin() + static_cast<std::ptrdiff_t>(st[k].first),
-                      l.body.begin() + static_cast<std::ptrdiff_t>(st[k].second));
       block(part, depth + 2, false);
-      if (k + 1 < st.size())
-        for (const auto& s : part) {
-          if (s.kind == kir::Stmt::Kind::Store) continue;
-          const auto& [var, dt] = s.kind == kir::Stmt::Kind::Load
-                                      ? std::pair{s.load.var, s.load.dtype}
-                                      : std::pair{s.let.var, s.let.dtype};
-          os_ << body << var << "_s[" << j << "] = " << var << ";\n";
-          defined.emplace_back(var, dt);
-        }
+      if (!last)
+        for (size_t i = st[k].first; i < st[k].second; ++i)
+          if (auto [var, dt] = value(l.body[i]); var) {
+            os_ << body << *var << "_s[" << j << "] = " << *var << ";\n";
+            defined.emplace_back(var, dt);
+          }
       os_ << in << "}\n";
     }
     os_ << pad << "}\n";

@@ -337,7 +337,8 @@ private:
       if (s.written && s.input) ordered[id] = &s;
     // An input that requires grad, written only through detached aliases (in-place ops under
     // torch.no_grad, x.detach().mul_(2)), is written back through one too: eager's write is
-    // not recorded by autograd (and is allowed on a leaf).
+    // not recorded by autograd (and is allowed on a leaf). The detaches come before every copy:
+    // the epilogue is the run of copies just before `return` (partition.cpp).
     std::map<int64_t, TensorRef> dst;
     for (auto& [id, s] : ordered) {
       TensorRef d = s->flat ? s->flat_view : s->input;

@@ -34,21 +34,6 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-std::vector<std::string> split_words(std::string_view s) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s) {
-    if (c == ' ' || c == '\t' || c == '\n') {
-      if (!cur.empty()) out.push_back(std::move(cur));
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  if (!cur.empty()) out.push_back(std::move(cur));
-  return out;
-}
-
 std::string join(const std::vector<std::string>& v, const char* sep = " ") {
   std::string out;
   for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
@@ -372,7 +357,7 @@ private:
     Probed p;
     if (auto text = read_file(record); text && text->rfind("ok\n", 0) == 0) {
       p.ok = true;
-      p.flags = split_words(text->substr(3));
+      p.flags = options::split_words(text->substr(3));
       return probes_.emplace(request, std::move(p)).first->second;
     }
 

@@ -149,12 +149,10 @@ bool flag(std::string_view name) {
   return parse_flag(*v).value_or(true);
 }
 
-std::vector<std::string> words(std::string_view name) {
-  auto v = get(name);
+std::vector<std::string> split_words(std::string_view s) {
   std::vector<std::string> out;
-  if (!v) return out;
   std::string w;
-  for (char c : *v) {
+  for (char c : s) {
     if (c == ' ' || c == '\t' || c == '\n') {
       if (!w.empty()) out.push_back(std::move(w));
       w.clear();
@@ -164,6 +162,11 @@ std::vector<std::string> words(std::string_view name) {
   }
   if (!w.empty()) out.push_back(std::move(w));
   return out;
+}
+
+std::vector<std::string> words(std::string_view name) {
+  auto v = get(name);
+  return v ? split_words(*v) : std::vector<std::string>{};
 }
 
 std::vector<std::pair<std::string, int64_t>> tuning(std::string_view name,
