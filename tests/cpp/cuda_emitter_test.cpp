@@ -691,9 +691,9 @@ TEST(CudaEmitter, ClustersSumAVarianceInOneRound) {
       "kr_cbar, kr_round);";
   EXPECT_EQ(count(s.source, round), 2u) << "both entries: " << v;
   const size_t local = v.find("const float v1 = a0 / 32.0f;");
-  const size_t dev = v.find("const float v3 = (v2 - v1);");
+  const size_t dev = v.find("const float v3 = v2 - v1;");
   const size_t merged = v.find(round);
-  const size_t mean = v.find("const float v1 = (a0 / 262144.0f);");
+  const size_t mean = v.find("const float v1 = a0 / 262144.0f;");
   ASSERT_NE(local, std::string::npos) << v;
   ASSERT_NE(mean, std::string::npos) << v;
   EXPECT_LT(local, dev) << v;
@@ -807,8 +807,8 @@ TEST(CudaEmitter, ClustersMergeSoftmaxMaxAndSumInOneRound) {
     const std::string v = vec_kernel(s);
     EXPECT_EQ(count(s.source, "kr_cluster_allreduce_async<"), 0u) << v;
     EXPECT_EQ(count(s.source, round), 2u) << "both entries: " << v;
-    EXPECT_LT(v.find("const float v2 = kr_exp((v1 - a0));"), v.find(round)) << v;
-    EXPECT_LT(v.find(round), v.find("const float v4 = kr_exp((v3 - a0));")) << v;
+    EXPECT_LT(v.find("const float v2 = kr_exp(v1 - a0);"), v.find(round)) << v;
+    EXPECT_LT(v.find(round), v.find("const float v4 = kr_exp(v3 - a0);")) << v;
     EXPECT_TRUE(has(v, "a0 = kr_mg.m;")) << v;
     EXPECT_TRUE(has(v, "a1 = kr_mg.s;")) << v;
   }
@@ -821,9 +821,9 @@ TEST(CudaEmitter, ClustersMergeSoftmaxMaxAndSumInOneRound) {
       << "off by default";
   // Not exp(x - max): two rounds.
   Kernel other = softmax(512, 262144);
-  other.body[0].loop->body[3].loop->body[1].let.expr = "kr_exp((v1 - a0)) * 2.0f";
+  other.body[0].loop->body[3].loop->body[1].let.expr = kir::build::expr("kr_exp((v1 - a0)) * 2.0f", F32);
   EXPECT_EQ(count(kernels(emit_cuda(other, on)), "kr_cluster_expsum_async"), 0u);
-  other.body[0].loop->body[3].loop->body[1].let.expr = "kr_exp((v1 + a0))";
+  other.body[0].loop->body[3].loop->body[1].let.expr = kir::build::expr("kr_exp((v1 + a0))", F32);
   EXPECT_EQ(count(kernels(emit_cuda(other, on)), "kr_cluster_expsum_async"), 0u);
   EXPECT_COMPILES_WITH(softmax(512, 262144), on);
 }

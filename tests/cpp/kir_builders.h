@@ -2,12 +2,20 @@
 #pragma once
 #include "keraunos/codegen/kernel_ir.h"
 
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace keraunos::kir::build {
+
+// The dtypes of the variables the builders below declared (in the order a kernel's braced
+// lists build them), for the expressions of later lets.
+inline std::map<std::string, DType>& declared() {
+  thread_local std::map<std::string, DType> d;
+  return d;
+}
 
 inline Index idx(std::vector<std::pair<std::string, int64_t>> terms, int64_t constant = 0) {
   Index i;
@@ -28,12 +36,27 @@ inline Stmt inner(std::string var, int64_t extent, Block body) {
   return loop(std::move(var), extent, LoopKind::Inner, std::move(body));
 }
 inline Stmt load(std::string var, DType dtype, int buffer, Index index) {
+  declared()[var] = dtype;
   return Stmt::of(Load{std::move(var), dtype, buffer, std::move(index)});
 }
-inline Stmt let(std::string var, DType dtype, std::string expr) {
-  return Stmt::of(Let{std::move(var), dtype, std::move(expr)});
+// An expression written in the C subset kir::c_text prints: loop variables (i<n>, r<n>) read
+// as int64, declared variables in their dtype, others in `dtype`.
+inline Expr expr(const std::string& text, DType dtype) {
+  return parse(text, [dtype](const std::string& name) {
+    const bool loop_var = name.size() > 1 && (name[0] == 'i' || name[0] == 'r') &&
+                          name.find_first_not_of("0123456789", 1) == std::string::npos;
+    if (loop_var) return DType::Int64;
+    auto it = declared().find(name);
+    return it == declared().end() ? dtype : it->second;
+  });
+}
+inline Stmt let(std::string var, DType dtype, const std::string& text) {
+  Expr e = expr(text, dtype);
+  declared()[var] = dtype;
+  return Stmt::of(Let{std::move(var), dtype, std::move(e)});
 }
 inline Stmt acc(std::string var, DType dtype, ReduceOp op) {
+  declared()[var] = dtype;
   return Stmt::of(AccInit{std::move(var), dtype, op});
 }
 inline Stmt update(std::string var, ReduceOp op, std::string value) {

@@ -330,14 +330,14 @@ def test_variance_kernel_ir():
         "      v3 = load in0[6 * i0 + r2]\n"
         "      let v4 = (double)(v3)\n"
         "      update a1 sum v4\n"
-        "    let v5 = a1 / (0x1.8p+2)\n"
+        "    let v5 = a1 / 6.0\n"
         "    acc a6 sum\n"
         "    reduce r7 < 6:  // deviations of a1's values from v5\n"
         "      v8 = load in0[6 * i0 + r7]\n"
-        "      let v9 = ((double)(v8) - v5)\n"
+        "      let v9 = (double)(v8) - v5\n"
         "      let v10 = v9 * v9\n"
         "      update a6 sum v10\n"
-        "    let v11 = (float)(a6 / (0x1.4p+2))\n"
+        "    let v11 = (float)(a6 / 5.0)\n"
         "    store out0[i0] = v11\n"
     )
 

@@ -92,14 +92,14 @@ std::vector<std::pair<size_t, size_t>> stages(const kir::Loop& l) {
     if (s.kind != kir::Stmt::Kind::Load && s.kind != kir::Stmt::Kind::Let &&
         s.kind != kir::Stmt::Kind::Store)
       return out;
-    costly += s.kind == kir::Stmt::Kind::Let && s.let.costly;
+    costly += s.kind == kir::Stmt::Kind::Let && s.let.costly();
   }
   if (costly < 2) return out;
   size_t begin = 0;
   bool has_costly = false;
   for (size_t i = 0; i < l.body.size(); ++i) {
     const auto& s = l.body[i];
-    if (s.kind == kir::Stmt::Kind::Let && s.let.costly) {
+    if (s.kind == kir::Stmt::Kind::Let && s.let.costly()) {
       if (has_costly) {
         out.emplace_back(begin, i);
         begin = i;
@@ -208,7 +208,7 @@ private:
         break;
       case kir::Stmt::Kind::Let:
         os_ << pad << "const " << kir::ctype(s.let.dtype) << " " << s.let.var << " = "
-            << s.let.expr << ";\n";
+            << kir::c_text(s.let.expr) << ";\n";
         break;
       case kir::Stmt::Kind::AccInit:
         acc_dtype_[s.acc.var] = s.acc.dtype;

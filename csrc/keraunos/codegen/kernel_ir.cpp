@@ -70,10 +70,10 @@ std::string Index::str() const {
     else
       os << c << " * " << v;
   }
-  if (!opaque.empty()) {
+  if (opaque) {
     if (!first) os << " + ";
     first = false;
-    os << opaque;
+    os << "(" << c_text(opaque) << ")";
   }
   if (constant != 0 || first) {
     if (!first) os << " + ";
@@ -82,31 +82,28 @@ std::string Index::str() const {
   return os.str();
 }
 
-std::string map_identifiers(const std::string& expr,
-                            const std::function<std::string(const std::string&)>& fn) {
-  auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
-  std::string out;
-  out.reserve(expr.size());
-  size_t i = 0;
-  while (i < expr.size()) {
-    char c = expr[i];
-    if (std::isdigit(static_cast<unsigned char>(c)) || c == '.') {
-      // A numeric literal, hexadecimal floats included: its letters are not identifiers.
-      size_t j = i;
-      while (j < expr.size() && (word(expr[j]) || expr[j] == '.')) ++j;
-      out.append(expr, i, j - i);
-      i = j;
-    } else if (word(c)) {
-      size_t j = i;
-      while (j < expr.size() && word(expr[j])) ++j;
-      out += fn(expr.substr(i, j - i));
-      i = j;
-    } else {
-      out += c;
-      ++i;
-    }
-  }
+bool Index::mentions(const std::string& var) const {
+  for (const auto& [v, c] : terms)
+    if (v == var) return true;
+  return opaque && kir::mentions(opaque, var);
+}
+
+Index Index::renamed(const std::string& from, const std::string& to) const {
+  Index out = *this;
+  for (auto& [v, c] : out.terms)
+    if (v == from) v = to;
+  if (out.opaque) out.opaque = rename(out.opaque, from, to);
   return out;
+}
+
+Expr Index::expr() const {
+  Expr e = opaque;
+  auto add = [&](const Expr& t) { e = e ? binary(ExprKind::Add, e, t) : t; };
+  for (const auto& [v, c] : terms)
+    add(c == 1 ? var(v, DType::Int64)
+               : binary(ExprKind::Mul, int_lit(c, DType::Int64), var(v, DType::Int64)));
+  if (constant != 0 || !e) add(int_lit(constant, DType::Int64));
+  return e;
 }
 
 const char* reduce_op_name(ReduceOp op) {
@@ -197,7 +194,7 @@ void print(std::ostringstream& os, const Kernel& k, const Block& b, int depth) {
          << s.load.index.str() << "]\n";
       break;
     case Stmt::Kind::Let:
-      os << pad << "let " << s.let.var << " = " << s.let.expr << "\n";
+      os << pad << "let " << s.let.var << " = " << c_text(s.let.expr) << "\n";
       break;
     case Stmt::Kind::AccInit:
       os << pad << "acc " << s.acc.var << " " << reduce_op_name(s.acc.op) << "\n";
@@ -228,17 +225,6 @@ std::string Kernel::str() const {
 }
 
 namespace {
-
-// Whether `expr` mentions `name` as a whole identifier (not inside a longer name or a numeric
-// literal such as 0x1.0c6f7a0b5ed8dp-20).
-bool mentions(const std::string& expr, const std::string& name) {
-  bool found = false;
-  map_identifiers(expr, [&](const std::string& id) {
-    found |= id == name;
-    return id;
-  });
-  return found;
-}
 
 void updated_accs(const Block& b, std::vector<std::string>& out) {
   for (const Stmt& s : b) {
@@ -292,30 +278,28 @@ bool has_loop(const Block& b) {
 
 // Renames loop variable `from` to `to` in a loop body without nested loops.
 void rename_loop_var(Block& b, const std::string& from, const std::string& to) {
-  auto sub = [&](const std::string& id) { return id == from ? to : id; };
-  auto fix = [&](Index& ix) {
-    for (auto& [var, coef] : ix.terms)
-      if (var == from) var = to;
-    if (!ix.opaque.empty()) ix.opaque = map_identifiers(ix.opaque, sub);
-  };
   for (Stmt& s : b) {
-    if (s.kind == Stmt::Kind::Load) fix(s.load.index);
-    if (s.kind == Stmt::Kind::Store) fix(s.store.index);
-    if (s.kind == Stmt::Kind::Let) s.let.expr = map_identifiers(s.let.expr, sub);
+    if (s.kind == Stmt::Kind::Load) s.load.index = s.load.index.renamed(from, to);
+    if (s.kind == Stmt::Kind::Store) s.store.index = s.store.index.renamed(from, to);
+    if (s.kind == Stmt::Kind::Let) s.let.expr = rename(s.let.expr, from, to);
   }
 }
 
 bool block_mentions(const Block& b, const std::vector<std::string>& names) {
-  auto any = [&](const std::string& text) {
-    return std::any_of(names.begin(), names.end(),
-                       [&](const std::string& n) { return mentions(text, n); });
-  };
+  auto any = [&](auto&& reads) { return std::any_of(names.begin(), names.end(), reads); };
   for (const Stmt& s : b) {
-    if (s.kind == Stmt::Kind::Load && (any(s.load.index.str()))) return true;
-    if (s.kind == Stmt::Kind::Let && any(s.let.expr)) return true;
-    if (s.kind == Stmt::Kind::AccUpdate && (any(s.update.value) || any(s.update.var)))
+    if (s.kind == Stmt::Kind::Load &&
+        any([&](const std::string& n) { return s.load.index.mentions(n); }))
       return true;
-    if (s.kind == Stmt::Kind::Store && (any(s.store.value) || any(s.store.index.str())))
+    if (s.kind == Stmt::Kind::Let &&
+        any([&](const std::string& n) { return mentions(s.let.expr, n); }))
+      return true;
+    if (s.kind == Stmt::Kind::AccUpdate &&
+        any([&](const std::string& n) { return s.update.value == n || s.update.var == n; }))
+      return true;
+    if (s.kind == Stmt::Kind::Store && any([&](const std::string& n) {
+          return s.store.value == n || s.store.index.mentions(n);
+        }))
       return true;
   }
   return false;

@@ -31,6 +31,7 @@
 // Values have a compute dtype: float16 and bfloat16 are computed in float32, every other dtype
 // in itself. Loads convert from the buffer's dtype to the compute dtype, stores back.
 #pragma once
+#include "keraunos/codegen/kir_expr.h"
 #include "keraunos/ir/types.h"
 
 #include <cstdint>
@@ -43,22 +44,22 @@
 
 namespace keraunos::kir {
 
-// float16 and bfloat16 compute in float32; others in themselves.
-DType compute_dtype(DType storage);
-// The C type of a compute dtype: "float", "double", "int64_t", "bool", ...
-const char* ctype(DType compute);
-
-// A buffer index: constant + sum(coef * var) + an optional non-affine part (already a C
-// expression over loop variables, e.g. "((i0 * 6 + i1) / 4) % 3 * 8"). Units: elements.
+// A buffer index: constant + sum(coef * var) + an optional non-affine part (an int64
+// expression over loop variables, e.g. ((6 * i0 + i1) / 4) % 3). Units: elements.
 struct Index {
   std::vector<std::pair<std::string, int64_t>> terms; // loop variable, coefficient (nonzero)
   int64_t constant = 0;
-  std::string opaque; // added to the affine part when not empty
+  Expr opaque; // added to the affine part when set
 
   // The coefficient of `var` in the affine part (0 when absent). Backends use it to find
   // contiguous accesses (coefficient 1 on the innermost loop, no opaque part).
   int64_t coef(const std::string& var) const;
-  bool affine() const { return opaque.empty(); }
+  bool affine() const { return !opaque; }
+  bool mentions(const std::string& var) const;
+  // The index with loop variable `from` renamed `to`.
+  Index renamed(const std::string& from, const std::string& to) const;
+  // The whole index as one int64 expression.
+  Expr expr() const;
   std::string str() const; // C expression, int64_t arithmetic
 };
 
@@ -108,11 +109,13 @@ struct Load {
 };
 
 // `var = expr` with expr over earlier vars, literals and the helper functions (kr_exp, ...).
+// expr's dtype may differ from the let's: the declaration converts (as C does).
 struct Let {
   std::string var;
   DType dtype; // compute dtype
-  std::string expr;
-  bool costly = false; // computes an op tagged costly (tags::X: a transcendental)
+  Expr expr;
+  // Computes an op tagged costly (tags::X: a transcendental).
+  bool costly() const { return expr->costly; }
 };
 
 // Declares accumulator `var` with the identity of `op` (for Max, -inf / the dtype's lowest;
@@ -155,12 +158,6 @@ struct Stmt {
   static Stmt of(AccUpdate u);
   static Stmt of(Store s);
 };
-
-// `expr` with every C identifier in it (variables, helper names, keywords; not the letters of
-// numeric literals such as 0x1p+3) replaced by `fn(identifier)`. Passes over the kernel IR use it
-// to rename variables inside the C expressions of Let statements and opaque indices.
-std::string map_identifiers(const std::string& expr,
-                            const std::function<std::string(const std::string&)>& fn);
 
 struct Kernel {
   std::string name; // a C identifier, unique within its program

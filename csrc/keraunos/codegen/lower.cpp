@@ -6,11 +6,13 @@
 #include "keraunos/ops/meta.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -31,94 +33,6 @@ DType operand_dtype(const BoundSymbol& b) {
 }
 
 } // namespace
-
-bool kernel_supports(const BoundSymbol& b) {
-  auto outs = b.outputs();
-  if (outs.size() != 1) return false;
-  DType out = outs[0]->dtype;
-  DType in = operand_dtype(b);
-  switch (b.op) {
-  case OpId::prim_div:
-  case OpId::prim_floor_divide:
-  case OpId::prim_remainder:
-  case OpId::prim_fmod:
-  case OpId::prim_pow:
-    // Integer division by zero raises in eager; integer pow has its own rules.
-    return is_float(in);
-  case OpId::prim_exp:
-  case OpId::prim_exp2:
-  case OpId::prim_log:
-  case OpId::prim_log2:
-  case OpId::prim_log1p:
-  case OpId::prim_expm1:
-  case OpId::prim_sin:
-  case OpId::prim_cos:
-  case OpId::prim_tan:
-  case OpId::prim_tanh:
-  case OpId::prim_sigmoid:
-  case OpId::prim_sqrt:
-  case OpId::prim_rsqrt:
-  case OpId::prim_erf:
-  case OpId::prim_reciprocal:
-    return is_float(in) && in == out;
-  case OpId::prim_convert_element_type:
-    // Float to integer conversion of out-of-range values is undefined in C++ and differs
-    // between eager's kernels: leave it to torch.
-    return !(is_float(in) && !is_float(out) && !is_bool(out));
-  case OpId::prim_clone:
-  case OpId::prim_abs:
-  case OpId::prim_neg:
-  case OpId::prim_floor:
-  case OpId::prim_ceil:
-  case OpId::prim_round:
-  case OpId::prim_trunc:
-  case OpId::prim_sign:
-  case OpId::prim_isnan:
-  case OpId::prim_isinf:
-  case OpId::prim_bitwise_not:
-  case OpId::prim_logical_not:
-  case OpId::prim_add:
-  case OpId::prim_sub:
-  case OpId::prim_mul:
-  case OpId::prim_maximum:
-  case OpId::prim_minimum:
-  case OpId::prim_eq:
-  case OpId::prim_ne:
-  case OpId::prim_lt:
-  case OpId::prim_le:
-  case OpId::prim_gt:
-  case OpId::prim_ge:
-  case OpId::prim_bitwise_and:
-  case OpId::prim_bitwise_or:
-  case OpId::prim_bitwise_xor:
-  case OpId::prim_logical_and:
-  case OpId::prim_logical_or:
-  case OpId::prim_logical_xor:
-  case OpId::prim_where:
-  case OpId::prim_broadcast_in_dim:
-  case OpId::prim_reshape:
-  case OpId::prim_permute:
-  case OpId::prim_slice:
-  case OpId::prim_squeeze:
-  case OpId::prim_diagonal:
-  case OpId::prim_as_strided:
-  case OpId::prim_restride:
-  case OpId::prim_full:
-    return true;
-  case OpId::prim_iota:
-    return !is_low_float(out);
-  case OpId::prim_sum:
-  case OpId::prim_amax:
-  case OpId::prim_amin:
-    return true;
-  case OpId::prim_prod:
-    return !is_bool(in);
-  case OpId::prim_var:
-    return is_float(in);
-  default:
-    return false;
-  }
-}
 
 namespace {
 
@@ -167,10 +81,11 @@ void add_scaled(Index& acc, std::set<std::string>& deps, const Dim& d, int64_t s
                                  [](const auto& t) { return t.second == 0; }),
                   acc.terms.end());
   acc.constant += d.ix.constant * scale;
-  if (!d.ix.opaque.empty()) {
-    std::string term = scale == 1 ? "(" + d.ix.opaque + ")"
-                                  : "(" + d.ix.opaque + ") * " + std::to_string(scale);
-    acc.opaque = acc.opaque.empty() ? term : acc.opaque + " + " + term;
+  if (d.ix.opaque) {
+    kir::Expr term = scale == 1 ? d.ix.opaque
+                                : kir::binary(kir::ExprKind::Mul, d.ix.opaque,
+                                              kir::int_lit(scale, DType::Int64));
+    acc.opaque = acc.opaque ? kir::binary(kir::ExprKind::Add, acc.opaque, term) : term;
     deps.insert(d.deps.begin(), d.deps.end());
   }
 }
@@ -184,7 +99,7 @@ Dim linear(const std::vector<Dim>& dims, const Shape& scales) {
 
 // The largest value an affine index takes (coefficients may be negative); nullopt if opaque.
 bool affine_range(const Dim& d, const Vars& vars, int64_t* lo, int64_t* hi) {
-  if (!d.ix.opaque.empty()) return false;
+  if (d.ix.opaque) return false;
   int64_t a = d.ix.constant, b = d.ix.constant;
   for (const auto& [v, c] : d.ix.terms) {
     int64_t span = c * (vars.extent.at(v) - 1);
@@ -225,10 +140,10 @@ Dim div_mod(const Dim& d, int64_t div, int64_t mod, const Vars& vars) {
     if (div == 1 && (mod <= 0 || hi < mod)) return d;
   }
   Dim out;
-  std::string s = "(" + d.ix.str() + ")";
-  if (div != 1) s = "(" + s + " / " + std::to_string(div) + ")";
-  if (mod > 0) s = "(" + s + " % " + std::to_string(mod) + ")";
-  out.ix.opaque = s;
+  kir::Expr e = d.ix.expr();
+  if (div != 1) e = kir::binary(kir::ExprKind::Div, e, kir::int_lit(div, DType::Int64));
+  if (mod > 0) e = kir::binary(kir::ExprKind::Mod, e, kir::int_lit(mod, DType::Int64));
+  out.ix.opaque = e;
   out.deps = deps_of(d);
   return out;
 }
@@ -236,27 +151,13 @@ Dim div_mod(const Dim& d, int64_t div, int64_t mod, const Vars& vars) {
 // ---------------------------------------------------------------------------------------------
 // Literals.
 
-std::string float_literal(double v, DType compute) {
-  if (std::isnan(v)) return compute == DType::Float64 ? "kr_nan_d()" : "kr_nan_f()";
-  if (std::isinf(v)) {
-    std::string s = compute == DType::Float64 ? "kr_inf_d()" : "kr_inf_f()";
-    return v < 0 ? "(-" + s + ")" : s;
-  }
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%a", v);
-  return compute == DType::Float64 ? std::string("(") + buf + ")"
-                                   : std::string("((float)") + buf + ")";
-}
-
-std::string literal(const Arg& a, DType compute) {
-  if (is_bool(compute)) return a.as_double() != 0 ? "true" : "false";
-  if (a.is_bool()) return a.as_bool() ? "1" : "0";
-  if (is_float(compute)) return float_literal(a.as_double(), compute);
-  if (a.is_float()) {
-    // A float scalar in an integer op: eager converts it to the integer type.
-    return "((" + std::string(kir::ctype(compute)) + ")" + std::to_string(static_cast<int64_t>(a.as_double())) + "LL)";
-  }
-  return "((" + std::string(kir::ctype(compute)) + ")" + std::to_string(a.as_int()) + "LL)";
+kir::Expr literal(const Arg& a, DType compute) {
+  if (is_bool(compute)) return kir::bool_lit(a.as_double() != 0);
+  if (is_float(compute)) return kir::float_lit(a.is_bool() ? (a.as_bool() ? 1.0 : 0.0) : a.as_double(), compute);
+  // A float scalar in an integer op: eager converts it to the integer type.
+  if (a.is_bool()) return kir::int_lit(a.as_bool() ? 1 : 0, compute);
+  if (a.is_float()) return kir::int_lit(static_cast<int64_t>(a.as_double()), compute);
+  return kir::int_lit(a.as_int(), compute);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -275,7 +176,46 @@ struct Scope {
   std::unordered_map<std::string, std::string> memo;
 };
 
+// ---------------------------------------------------------------------------------------------
+// What a kernel claims: one rule per prim (kernel_rules below), the dtypes it takes and the
+// KernelGen method that lowers it, or why it runs through torch. A prim without a rule is an
+// internal error (tests/cpp/lower_test.cpp checks every prim of the op table has one).
+
+class KernelGen;
+
+// One element of a prim's result to compute: the result, its producer, the index.
+struct Node {
+  const TensorRef& t;
+  const BoundSymbol& b;
+  const std::vector<Dim>& idx;
+};
+
+enum class Accept : uint8_t {
+  Any,
+  FloatOperands,   // float operands (integer division by zero raises in eager; integer pow
+                   // has its own rules)
+  FloatSameDtype,  // float operands, result in their dtype (the transcendentals)
+  NoFloatToInt,    // float-to-integer conversion of out-of-range values is undefined in C++
+                   // and differs between eager's kernels
+  NoHalfResult,    // iota in float16/bfloat16 (eager computes it in the output dtype)
+  NoBoolOperands,  // prod of bools
+  Never,           // runs through torch: `torch` says why
+};
+
+struct KernelRule {
+  OpId op = OpId::kNumOps;
+  Accept accept = Accept::Never;
+  std::string (KernelGen::*lower)(const Node&) = nullptr;
+  const char* torch = nullptr;
+  bool calls_helper = false; // computes the prim by its device helper (kir::prim_helper)
+};
+
+// The rule of `op`; one whose `op` is kNumOps when it has none.
+const KernelRule& kernel_rule(OpId op);
+
 class KernelGen {
+  friend struct RuleTable;
+
 public:
   KernelGen(const std::unordered_map<const TensorProxy*, const BoundSymbol*>& producer,
             const std::unordered_set<const TensorProxy*>& loadable, kir::Kernel& k,
@@ -318,7 +258,12 @@ public:
                            : s.kind == kir::Stmt::Kind::Load  ? &s.load.var
                            : s.kind == kir::Stmt::Kind::AccInit ? &s.acc.var
                                                                  : nullptr;
-    if (v) depth_[*v] = scopes_.size() - 1;
+    if (v) {
+      depth_[*v] = scopes_.size() - 1;
+      types_[*v] = s.kind == kir::Stmt::Kind::Let    ? s.let.dtype
+                   : s.kind == kir::Stmt::Kind::Load ? s.load.dtype
+                                                     : s.acc.dtype;
+    }
     scopes_.back().block.push_back(std::move(s));
   }
 
@@ -353,16 +298,20 @@ public:
   }
 
 private:
-  std::string let(DType storage, const std::string& expr, bool costly = false) {
+  // A let of `e` stored as `storage` (rounded to it when it is a half type).
+  std::string let(DType storage, kir::Expr e) {
+    using kir::call;
     DType c = kir::compute_dtype(storage);
-    std::string e = expr;
-    if (storage == DType::Float16) e = "kr_h2f(kr_f2h((float)(" + e + ")))";
-    if (storage == DType::BFloat16) e = "kr_bf2f(kr_f2bf((float)(" + e + ")))";
+    if (storage == DType::Float16)
+      e = call("kr_h2f", {call("kr_f2h", {kir::cast(DType::Float32, e)}, DType::Float16)},
+               DType::Float32);
+    if (storage == DType::BFloat16)
+      e = call("kr_bf2f", {call("kr_f2bf", {kir::cast(DType::Float32, e)}, DType::BFloat16)},
+               DType::Float32);
     kir::Let l;
     l.var = fresh("v");
     l.dtype = c;
-    l.expr = "(" + std::string(kir::ctype(c)) + ")(" + e + ")";
-    l.costly = costly;
+    l.expr = kir::cast(c, e);
     emit(kir::Stmt::of(l));
     return l.var;
   }
@@ -379,9 +328,12 @@ private:
     return l.var;
   }
 
+  // The variable `name` as an expression.
+  kir::Expr ref(const std::string& name) const { return kir::var(name, types_.at(name)); }
+
   // An operand: a tensor (at idx, broadcast already explicit) or a number.
-  std::string operand(const Arg& a, const std::vector<Dim>& idx, DType compute) {
-    if (a.is_tensor()) return gen(a.tensor(), idx);
+  kir::Expr operand(const Arg& a, const std::vector<Dim>& idx, DType compute) {
+    if (a.is_tensor()) return ref(gen(a.tensor(), idx));
     return literal(a, compute);
   }
 
@@ -390,269 +342,205 @@ private:
     auto pit = producer_.find(t.get());
     KR_INTERNAL(pit != producer_.end(), "kernel generation: no producer for ", t->name);
     const BoundSymbol& b = *pit->second;
-    const DType out = t->dtype;
-    const DType oc = kir::compute_dtype(out);
-    const bool costly = b.def().has(tags::X);
-    auto un = [&](const std::string& fn) {
-      std::string a = operand(b.args[0], idx, oc);
-      return let(out, fn + "(" + a + ")", costly);
-    };
-    auto bin_in = [&](DType in) {
-      DType ic = kir::compute_dtype(in);
-      return std::pair{operand(b.args[0], idx, ic), operand(b.args[1], idx, ic)};
-    };
-    auto infix = [&](const char* op) {
-      auto [x, y] = bin_in(operand_dtype(b));
-      return let(out, x + " " + op + " " + y);
-    };
-    auto call2 = [&](const char* fn) {
-      auto [x, y] = bin_in(operand_dtype(b));
-      return let(out, std::string(fn) + "(" + x + ", " + y + ")", costly);
-    };
-    const DType in = operand_dtype(b);
-    switch (b.op) {
-    case OpId::prim_clone:
-    case OpId::prim_restride:
-      return gen(b.args[0].tensor(), idx);
-    case OpId::prim_abs:
-      return is_bool(in) ? gen(b.args[0].tensor(), idx) : un(is_float(in) ? "kr_abs" : "kr_abs");
-    case OpId::prim_neg:
-      return un("-");
-    case OpId::prim_exp:
-      return un("kr_exp");
-    case OpId::prim_exp2:
-      return un("kr_exp2");
-    case OpId::prim_log:
-      return un("kr_log");
-    case OpId::prim_log2:
-      return un("kr_log2");
-    case OpId::prim_log1p:
-      return un("kr_log1p");
-    case OpId::prim_expm1:
-      return un("kr_expm1");
-    case OpId::prim_sin:
-      return un("kr_sin");
-    case OpId::prim_cos:
-      return un("kr_cos");
-    case OpId::prim_tan:
-      return un("kr_tan");
-    case OpId::prim_tanh:
-      return un("kr_tanh");
-    case OpId::prim_sigmoid:
-      return un("kr_sigmoid");
-    case OpId::prim_sqrt:
-      return un("kr_sqrt");
-    case OpId::prim_rsqrt:
-      return un("kr_rsqrt");
-    case OpId::prim_erf:
-      return un("kr_erf");
-    case OpId::prim_reciprocal:
-      return un("kr_reciprocal");
-    case OpId::prim_floor:
-      return is_float(in) ? un("kr_floor") : gen(b.args[0].tensor(), idx);
-    case OpId::prim_ceil:
-      return is_float(in) ? un("kr_ceil") : gen(b.args[0].tensor(), idx);
-    case OpId::prim_round:
-      return is_float(in) ? un("kr_round") : gen(b.args[0].tensor(), idx);
-    case OpId::prim_trunc:
-      return is_float(in) ? un("kr_trunc") : gen(b.args[0].tensor(), idx);
-    case OpId::prim_sign:
-      return is_bool(in) ? gen(b.args[0].tensor(), idx) : un("kr_sign");
-    case OpId::prim_isnan: {
-      if (!is_float(in)) return let(out, "false");
-      std::string a = operand(b.args[0], idx, kir::compute_dtype(in));
-      return let(out, "kr_isnan(" + a + ")");
+    const KernelRule& r = kernel_rule(b.op);
+    KR_INTERNAL(r.lower, "kernel generation: ", b.def().id_name, " runs through torch (",
+                r.torch, ")");
+    return (this->*r.lower)(Node{t, b, idx});
+  }
+
+  // ---- The lowerings of the rule table (kernel_rules below), one per form of prim. ----
+
+  static DType in_c(const Node& n) { return kir::compute_dtype(operand_dtype(n.b)); }
+  static DType out_c(const Node& n) { return kir::compute_dtype(n.t->dtype); }
+  kir::Expr arg(const Node& n, size_t i, DType compute) {
+    return operand(n.b.args.at(i), n.idx, compute);
+  }
+  // The device helper of the prim applied to its operands (in the operand dtype).
+  kir::Expr helper(const Node& n, DType result) {
+    std::vector<kir::Expr> args;
+    for (size_t i = 0; i < n.b.args.size(); ++i) args.push_back(arg(n, i, in_c(n)));
+    return kir::call(kir::prim_helper(n.b.op), std::move(args), result, n.b.op);
+  }
+
+  std::string same(const Node& n) { return gen(n.b.args[0].tensor(), n.idx); }
+  std::string call_op(const Node& n) { return let(n.t->dtype, helper(n, in_c(n))); }
+  std::string call_unless_bool(const Node& n) {
+    return is_bool(operand_dtype(n.b)) ? same(n) : call_op(n);
+  }
+  std::string call_if_float(const Node& n) {
+    return is_float(operand_dtype(n.b)) ? call_op(n) : same(n);
+  }
+  std::string classify(const Node& n) { // isnan, isinf: false for non-floats
+    return let(n.t->dtype, is_float(operand_dtype(n.b)) ? helper(n, DType::Bool)
+                                                        : kir::bool_lit(false));
+  }
+  std::string neg(const Node& n) {
+    return let(n.t->dtype, kir::unary(kir::ExprKind::Neg, arg(n, 0, out_c(n))));
+  }
+  std::string bitwise_not(const Node& n) {
+    const auto k = is_bool(operand_dtype(n.b)) ? kir::ExprKind::Not : kir::ExprKind::BitNot;
+    return let(n.t->dtype, kir::unary(k, arg(n, 0, out_c(n))));
+  }
+  std::string logical_not(const Node& n) {
+    return let(n.t->dtype,
+               kir::unary(kir::ExprKind::Not, kir::cast(DType::Bool, arg(n, 0, in_c(n)))));
+  }
+  template <kir::ExprKind K> std::string infix(const Node& n) {
+    return let(n.t->dtype, kir::binary(K, arg(n, 0, in_c(n)), arg(n, 1, in_c(n))));
+  }
+  std::string mul(const Node& n) {
+    return is_bool(operand_dtype(n.b)) ? infix<kir::ExprKind::And>(n)
+                                       : infix<kir::ExprKind::Mul>(n);
+  }
+  template <kir::ExprKind K> std::string logical(const Node& n) {
+    return let(n.t->dtype, kir::binary(K, kir::cast(DType::Bool, arg(n, 0, in_c(n))),
+                                       kir::cast(DType::Bool, arg(n, 1, in_c(n)))));
+  }
+  std::string div(const Node& n) {
+    // A divisor computed once outside the current loop (softmax's sum, a mean's count):
+    // multiply by its reciprocal, as eager's softmax kernels do, instead of dividing each
+    // element (a division costs several multiplications). Differs by at most one ulp.
+    using K = kir::ExprKind;
+    kir::Expr x = arg(n, 0, in_c(n)), y = arg(n, 1, in_c(n));
+    auto d = y->kind == K::Var ? depth_.find(y->name) : depth_.end();
+    if (is_float(operand_dtype(n.b)) && d != depth_.end() && d->second + 1 < scopes_.size())
+      return let(n.t->dtype,
+                 kir::binary(K::Mul, x, kir::binary(K::Div, literal(Arg(1.0), in_c(n)), y)));
+    return let(n.t->dtype, kir::binary(K::Div, x, y));
+  }
+  std::string pow(const Node& n) {
+    using K = kir::ExprKind;
+    const BoundSymbol& b = n.b;
+    if (b.args[0].is_tensor() && b.args[1].is_number()) {
+      // Eager's pow special-cases these exponents (pow_tensor_scalar_optimized): match it.
+      const double e = b.args[1].as_double();
+      const DType out = n.t->dtype;
+      kir::Expr x = ref(same(n));
+      kir::Expr one = literal(Arg(1.0), out_c(n));
+      auto sq = [&] { return kir::binary(K::Mul, x, x); };
+      auto call1 = [&](OpId p) { return kir::call(kir::prim_helper(p), {x}, x->dtype, p); };
+      if (e == 2) return let(out, sq());
+      if (e == 3) return let(out, kir::binary(K::Mul, sq(), x));
+      if (e == 0.5) return let(out, call1(OpId::prim_sqrt));
+      if (e == -0.5) return let(out, call1(OpId::prim_rsqrt));
+      if (e == -1) return let(out, kir::binary(K::Div, one, x));
+      if (e == -2) return let(out, kir::binary(K::Div, one, sq()));
     }
-    case OpId::prim_isinf: {
-      if (!is_float(in)) return let(out, "false");
-      std::string a = operand(b.args[0], idx, kir::compute_dtype(in));
-      return let(out, "kr_isinf(" + a + ")");
+    return call_op(n);
+  }
+  std::string where(const Node& n) {
+    const BoundSymbol& b = n.b;
+    kir::Expr c = kir::cast(DType::Bool, arg(n, 0, DType::Bool));
+    DType vd = b.args[1].is_tensor()   ? b.args[1].tensor()->dtype
+               : b.args[2].is_tensor() ? b.args[2].tensor()->dtype
+                                       : n.t->dtype;
+    DType vc = kir::compute_dtype(vd);
+    return let(n.t->dtype, kir::select(c, arg(n, 1, vc), arg(n, 2, vc)));
+  }
+  std::string convert(const Node& n) {
+    kir::Expr x = ref(same(n));
+    if (!is_bool(n.t->dtype)) return let(n.t->dtype, x);
+    kir::Expr zero = is_float(x->dtype)  ? kir::float_lit(0, x->dtype)
+                     : is_bool(x->dtype) ? kir::bool_lit(false)
+                                         : kir::int_lit(0, x->dtype);
+    return let(n.t->dtype, kir::binary(kir::ExprKind::Ne, x, zero));
+  }
+  std::string full(const Node& n) { return let(n.t->dtype, literal(n.b.args[1], out_c(n))); }
+  std::string iota(const Node& n) {
+    // start + step * i, in the output dtype (eager's arange computes in it too).
+    using K = kir::ExprKind;
+    const DType oc = out_c(n);
+    kir::Expr i = kir::cast(oc, n.idx.at(0).ix.expr());
+    return let(n.t->dtype, kir::binary(K::Add, literal(n.b.args[1], oc),
+                                       kir::binary(K::Mul, literal(n.b.args[2], oc), i)));
+  }
+  template <kir::ReduceOp R> std::string reduction(const Node& n) {
+    return reduce(n.t, n.b, n.idx, R);
+  }
+  std::string variance(const Node& n) { return reduce(n.t, n.b, n.idx, std::nullopt); }
+
+  // Index remaps: the operand at the index this element reads.
+  std::string broadcast_in_dim(const Node& n) {
+    const auto& a = n.b.args[0].tensor();
+    Shape bd = n.b.args[2].int_list();
+    std::vector<Dim> ai(a->ndim());
+    for (int64_t k = 0; k < a->ndim(); ++k)
+      ai[k] = a->shape[k] == 1 ? constant(0) : n.idx.at(bd[k]);
+    return gen(a, ai);
+  }
+  std::string permute(const Node& n) {
+    const auto& a = n.b.args[0].tensor();
+    Shape perm = n.b.args[1].int_list();
+    std::vector<Dim> ai(a->ndim());
+    for (size_t k = 0; k < perm.size(); ++k) ai[perm[k]] = n.idx[k];
+    return gen(a, ai);
+  }
+  std::string reshape(const Node& n) {
+    const auto& a = n.b.args[0].tensor();
+    Dim lin = linear(n.idx, contiguous_strides(n.t->shape));
+    Shape as = contiguous_strides(a->shape);
+    std::vector<Dim> ai(a->ndim());
+    for (int64_t k = 0; k < a->ndim(); ++k)
+      ai[k] = a->shape[k] == 1 ? constant(0)
+                               : div_mod(lin, as[k], k == 0 ? 0 : a->shape[k], vars_);
+    return gen(a, ai);
+  }
+  std::string slice(const Node& n) {
+    const auto& a = n.b.args[0].tensor();
+    Shape start = n.b.args[1].int_list(), step = n.b.args[3].int_list();
+    std::vector<Dim> ai(a->ndim());
+    for (int64_t k = 0; k < a->ndim(); ++k) {
+      Dim d;
+      add_scaled(d.ix, d.deps, n.idx[k], step[k]);
+      d.ix.constant += start[k];
+      ai[k] = d;
     }
-    case OpId::prim_bitwise_not:
-      return is_bool(in) ? un("!") : un("~");
-    case OpId::prim_logical_not: {
-      std::string a = operand(b.args[0], idx, kir::compute_dtype(in));
-      return let(out, "!(bool)(" + a + ")");
-    }
-    case OpId::prim_add:
-      return infix("+");
-    case OpId::prim_sub:
-      return infix("-");
-    case OpId::prim_mul:
-      return is_bool(in) ? infix("&&") : infix("*");
-    case OpId::prim_div: {
-      // A divisor computed once outside the current loop (softmax's sum, a mean's count):
-      // multiply by its reciprocal, as eager's softmax kernels do, instead of dividing each
-      // element (a division costs several multiplications). Differs by at most one ulp.
-      auto [x, y] = bin_in(in);
-      auto d = depth_.find(y);
-      if (is_float(in) && d != depth_.end() && d->second + 1 < scopes_.size())
-        return let(out, x + " * (" + literal(Arg(1.0), kir::compute_dtype(in)) + " / " + y + ")");
-      return let(out, x + " / " + y);
-    }
-    case OpId::prim_floor_divide:
-      return call2("kr_floor_divide");
-    case OpId::prim_remainder:
-      return call2("kr_remainder");
-    case OpId::prim_fmod:
-      return call2("kr_fmod");
-    case OpId::prim_pow:
-      if (b.args[0].is_tensor() && b.args[1].is_number()) {
-        // Eager's pow special-cases these exponents (pow_tensor_scalar_optimized): match it.
-        double e = b.args[1].as_double();
-        std::string x = gen(b.args[0].tensor(), idx);
-        std::string one = literal(Arg(1.0), oc);
-        if (e == 2) return let(out, x + " * " + x);
-        if (e == 3) return let(out, x + " * " + x + " * " + x);
-        if (e == 0.5) return let(out, "kr_sqrt(" + x + ")");
-        if (e == -0.5) return let(out, "kr_rsqrt(" + x + ")");
-        if (e == -1) return let(out, one + " / " + x);
-        if (e == -2) return let(out, one + " / (" + x + " * " + x + ")");
-      }
-      return call2("kr_pow");
-    case OpId::prim_maximum:
-      return call2("kr_maximum");
-    case OpId::prim_minimum:
-      return call2("kr_minimum");
-    case OpId::prim_eq:
-      return infix("==");
-    case OpId::prim_ne:
-      return infix("!=");
-    case OpId::prim_lt:
-      return infix("<");
-    case OpId::prim_le:
-      return infix("<=");
-    case OpId::prim_gt:
-      return infix(">");
-    case OpId::prim_ge:
-      return infix(">=");
-    case OpId::prim_bitwise_and:
-      return infix("&");
-    case OpId::prim_bitwise_or:
-      return infix("|");
-    case OpId::prim_bitwise_xor:
-      return infix("^");
-    case OpId::prim_logical_and:
-    case OpId::prim_logical_or:
-    case OpId::prim_logical_xor: {
-      auto [x, y] = bin_in(in);
-      const char* op = b.op == OpId::prim_logical_and  ? " && "
-                       : b.op == OpId::prim_logical_or ? " || "
-                                                       : " != ";
-      return let(out, "(bool)(" + x + ")" + op + "(bool)(" + y + ")");
-    }
-    case OpId::prim_where: {
-      std::string c = operand(b.args[0], idx, DType::Bool);
-      DType vd = b.args[1].is_tensor() ? b.args[1].tensor()->dtype
-                 : b.args[2].is_tensor() ? b.args[2].tensor()->dtype
-                                         : out;
-      DType vc = kir::compute_dtype(vd);
-      std::string x = operand(b.args[1], idx, vc), y = operand(b.args[2], idx, vc);
-      return let(out, "(bool)(" + c + ") ? " + x + " : " + y);
-    }
-    case OpId::prim_convert_element_type: {
-      const auto& a = b.args[0].tensor();
-      std::string x = gen(a, idx);
-      if (is_bool(out)) return let(out, x + " != 0");
-      return let(out, x);
-    }
-    case OpId::prim_full:
-      return let(out, literal(b.args[1], oc));
-    case OpId::prim_iota: {
-      // start + step * i, in the output dtype (eager's arange computes in it too).
-      std::string i = "(" + std::string(kir::ctype(oc)) + ")(" + idx.at(0).ix.str() + ")";
-      return let(out, literal(b.args[1], oc) + " + " + literal(b.args[2], oc) + " * " + i);
-    }
-    case OpId::prim_broadcast_in_dim: {
-      const auto& a = b.args[0].tensor();
-      Shape bd = b.args[2].int_list();
-      std::vector<Dim> ai(a->ndim());
-      for (int64_t k = 0; k < a->ndim(); ++k)
-        ai[k] = a->shape[k] == 1 ? constant(0) : idx.at(bd[k]);
-      return gen(a, ai);
-    }
-    case OpId::prim_permute: {
-      const auto& a = b.args[0].tensor();
-      Shape perm = b.args[1].int_list();
-      std::vector<Dim> ai(a->ndim());
-      for (size_t k = 0; k < perm.size(); ++k) ai[perm[k]] = idx[k];
-      return gen(a, ai);
-    }
-    case OpId::prim_reshape: {
-      const auto& a = b.args[0].tensor();
-      Dim lin = linear(idx, contiguous_strides(t->shape));
-      Shape as = contiguous_strides(a->shape);
-      std::vector<Dim> ai(a->ndim());
-      for (int64_t k = 0; k < a->ndim(); ++k)
-        ai[k] = a->shape[k] == 1 ? constant(0)
-                                 : div_mod(lin, as[k], k == 0 ? 0 : a->shape[k], vars_);
-      return gen(a, ai);
-    }
-    case OpId::prim_slice: {
-      const auto& a = b.args[0].tensor();
-      Shape start = b.args[1].int_list(), step = b.args[3].int_list();
-      std::vector<Dim> ai(a->ndim());
-      for (int64_t k = 0; k < a->ndim(); ++k) {
-        Dim d;
-        add_scaled(d.ix, d.deps, idx[k], step[k]);
-        d.ix.constant += start[k];
-        ai[k] = d;
-      }
-      return gen(a, ai);
-    }
-    case OpId::prim_squeeze: {
-      const auto& a = b.args[0].tensor();
-      Shape dims = b.args[1].int_list();
-      std::vector<Dim> ai;
-      size_t j = 0;
-      for (int64_t k = 0; k < a->ndim(); ++k) {
-        if (std::find(dims.begin(), dims.end(), k) != dims.end())
-          ai.push_back(constant(0));
-        else
-          ai.push_back(idx.at(j++));
-      }
-      return gen(a, ai);
-    }
-    case OpId::prim_diagonal: {
-      const auto& a = b.args[0].tensor();
-      int64_t off = b.args[1].as_int();
-      int64_t d1 = wrap_dim(b.args[2].as_int(), a->ndim(), "diagonal");
-      int64_t d2 = wrap_dim(b.args[3].as_int(), a->ndim(), "diagonal");
-      std::vector<Dim> ai(a->ndim());
-      size_t j = 0;
-      for (int64_t k = 0; k < a->ndim(); ++k)
-        if (k != d1 && k != d2) ai[k] = idx.at(j++);
-      const Dim& di = idx.back();
-      Dim x = di, y = di;
-      if (off >= 0)
-        y.ix.constant += off;
+    return gen(a, ai);
+  }
+  std::string squeeze(const Node& n) {
+    const auto& a = n.b.args[0].tensor();
+    Shape dims = n.b.args[1].int_list();
+    std::vector<Dim> ai;
+    size_t j = 0;
+    for (int64_t k = 0; k < a->ndim(); ++k) {
+      if (std::find(dims.begin(), dims.end(), k) != dims.end())
+        ai.push_back(constant(0));
       else
-        x.ix.constant -= off;
-      ai[d1] = x;
-      ai[d2] = y;
-      return gen(a, ai);
+        ai.push_back(n.idx.at(j++));
     }
-    case OpId::prim_as_strided: {
-      const auto& a = b.args[0].tensor();
-      Shape stride = b.args[2].int_list();
-      Dim d = linear(idx, stride);
-      d.ix.constant += b.args[3].as_int();
-      return gen(a, {d});
-    }
-    case OpId::prim_sum:
-    case OpId::prim_prod:
-    case OpId::prim_amax:
-    case OpId::prim_amin:
-    case OpId::prim_var:
-      return reduce(t, b, idx);
-    default:
-      KR_INTERNAL(false, "kernel generation: unsupported prim ", b.def().id_name);
-    }
-    return "";
+    return gen(a, ai);
+  }
+  std::string diagonal(const Node& n) {
+    const auto& a = n.b.args[0].tensor();
+    int64_t off = n.b.args[1].as_int();
+    int64_t d1 = wrap_dim(n.b.args[2].as_int(), a->ndim(), "diagonal");
+    int64_t d2 = wrap_dim(n.b.args[3].as_int(), a->ndim(), "diagonal");
+    std::vector<Dim> ai(a->ndim());
+    size_t j = 0;
+    for (int64_t k = 0; k < a->ndim(); ++k)
+      if (k != d1 && k != d2) ai[k] = n.idx.at(j++);
+    const Dim& di = n.idx.back();
+    Dim x = di, y = di;
+    if (off >= 0)
+      y.ix.constant += off;
+    else
+      x.ix.constant -= off;
+    ai[d1] = x;
+    ai[d2] = y;
+    return gen(a, ai);
+  }
+  std::string as_strided(const Node& n) {
+    const auto& a = n.b.args[0].tensor();
+    Shape stride = n.b.args[2].int_list();
+    Dim d = linear(n.idx, stride);
+    d.ix.constant += n.b.args[3].as_int();
+    return gen(a, {d});
   }
 
   // Places a reduction at the outermost scope its index depends on.
-  std::string reduce(const TensorRef& t, const BoundSymbol& b, const std::vector<Dim>& idx) {
+  // `op`: the combine of a plain reduction; nullopt for a variance.
+  std::string reduce(const TensorRef& t, const BoundSymbol& b, const std::vector<Dim>& idx,
+                     std::optional<kir::ReduceOp> op) {
     const auto& a = b.args[0].tensor();
     Shape dims = b.args[1].int_list();
     // Its index must name each of its points once (distinct variables with coefficient 1 or
@@ -689,7 +577,7 @@ private:
     if (m != scopes_.back().memo.end()) {
       result = m->second;
     } else {
-      result = reduce_here(t, b, a, dims, idx);
+      result = reduce_here(t, b, a, dims, idx, op);
       scopes_.back().memo[key] = result;
     }
     for (auto& s : saved) scopes_.push_back(std::move(s));
@@ -734,14 +622,15 @@ private:
   }
 
   std::string reduce_here(const TensorRef& t, const BoundSymbol& b, const TensorRef& a,
-                          const Shape& dims, const std::vector<Dim>& idx) {
+                          const Shape& dims, const std::vector<Dim>& idx,
+                          std::optional<kir::ReduceOp> op) {
     const DType ac = kir::compute_dtype(t->dtype);
     auto cast_to = [&](DType d) {
       return [this, d](const std::string& x) {
         kir::Let l;
         l.var = fresh("v");
         l.dtype = d;
-        l.expr = "(" + std::string(kir::ctype(d)) + ")(" + x + ")";
+        l.expr = kir::cast(d, ref(x));
         emit(kir::Stmt::of(l));
         return l.var;
       };
@@ -759,22 +648,13 @@ private:
       scopes_.back().memo[key] = acc;
       return acc;
     };
-    switch (b.op) {
-    case OpId::prim_sum:
-      return let(t->dtype, plain(kir::ReduceOp::Sum, ac));
-    case OpId::prim_prod:
-      return let(t->dtype, plain(kir::ReduceOp::Prod, ac));
-    case OpId::prim_amax:
-      return let(t->dtype, plain(kir::ReduceOp::Max, ac));
-    case OpId::prim_amin:
-      return let(t->dtype, plain(kir::ReduceOp::Min, ac));
-    case OpId::prim_var: {
+    if (op) return let(t->dtype, ref(plain(*op, ac)));
+    {
       // Two passes (the mean, then the squared deviations from it) in eager's accumulation
       // type: double on the CPU (its var accumulates floats in double), the compute dtype on
       // CUDA (float for float and half inputs: eager's Welford runs in float there, and float
       // math keeps the kernel at the memory bandwidth; two passes are the more accurate form).
       const DType vd = k_.device == DeviceType::CUDA ? ac : DType::Float64;
-      const char* vc = kir::ctype(vd);
       int64_t n = 1;
       for (auto d : dims) n *= a->shape[d];
       double corr = b.args[2].as_double();
@@ -782,19 +662,19 @@ private:
       kir::Let mean;
       mean.var = fresh("v");
       mean.dtype = vd;
-      mean.expr = s + " / " + float_literal(static_cast<double>(n), vd);
+      mean.expr = kir::binary(kir::ExprKind::Div, ref(s), kir::float_lit(static_cast<double>(n), vd));
       emit(kir::Stmt::of(mean));
       std::string q = reduction_loop(
           a, dims, idx, kir::ReduceOp::Sum, vd, [&](const std::string& x) {
             kir::Let d;
             d.var = fresh("v");
             d.dtype = vd;
-            d.expr = "((" + std::string(vc) + ")(" + x + ") - " + mean.var + ")";
+            d.expr = kir::binary(kir::ExprKind::Sub, kir::cast(vd, ref(x)), ref(mean.var));
             emit(kir::Stmt::of(d));
             kir::Let sq;
             sq.var = fresh("v");
             sq.dtype = vd;
-            sq.expr = d.var + " * " + d.var;
+            sq.expr = kir::binary(kir::ExprKind::Mul, ref(d.var), ref(d.var));
             emit(kir::Stmt::of(sq));
             return sq.var;
           });
@@ -802,12 +682,8 @@ private:
           !blk.empty() && blk.back().kind == kir::Stmt::Kind::Loop)
         blk.back().loop->deviations = kir::Loop::Deviations{s, mean.var};
       double denom = std::max(0.0, static_cast<double>(n) - corr);
-      return let(t->dtype, q + " / " + float_literal(denom, vd));
+      return let(t->dtype, kir::binary(kir::ExprKind::Div, ref(q), kir::float_lit(denom, vd)));
     }
-    default:
-      KR_INTERNAL(false, "reduce_here: not a reduction");
-    }
-    return "";
   }
 
   const std::unordered_map<const TensorProxy*, const BoundSymbol*>& producer_;
@@ -819,7 +695,146 @@ private:
   Vars vars_;
   int next_ = 0;
   std::unordered_map<std::string, size_t> depth_; // scope depth where each variable is defined
+  std::unordered_map<std::string, DType> types_;  // the dtype of each variable
 };
+
+struct RuleTable {
+  std::array<KernelRule, kNumOps> rules{};
+
+  RuleTable() {
+    using G = KernelGen;
+    using K = kir::ExprKind;
+    auto add = [&](OpId op, Accept accept, std::string (G::*lower)(const Node&)) {
+      rules[static_cast<size_t>(op)] = KernelRule{op, accept, lower, nullptr};
+    };
+    auto torch = [&](OpId op, const char* why) {
+      rules[static_cast<size_t>(op)] = KernelRule{op, Accept::Never, nullptr, why};
+    };
+    // Elementwise.
+    for (OpId op : {OpId::prim_exp, OpId::prim_exp2, OpId::prim_log, OpId::prim_log2,
+                    OpId::prim_log1p, OpId::prim_expm1, OpId::prim_sin, OpId::prim_cos,
+                    OpId::prim_tan, OpId::prim_tanh, OpId::prim_sigmoid, OpId::prim_sqrt,
+                    OpId::prim_rsqrt, OpId::prim_erf, OpId::prim_reciprocal})
+      add(op, Accept::FloatSameDtype, &G::call_op);
+    for (OpId op : {OpId::prim_floor_divide, OpId::prim_remainder, OpId::prim_fmod})
+      add(op, Accept::FloatOperands, &G::call_op);
+    add(OpId::prim_pow, Accept::FloatOperands, &G::pow);
+    add(OpId::prim_div, Accept::FloatOperands, &G::div);
+    add(OpId::prim_maximum, Accept::Any, &G::call_op);
+    add(OpId::prim_minimum, Accept::Any, &G::call_op);
+    add(OpId::prim_clone, Accept::Any, &G::same);
+    add(OpId::prim_restride, Accept::Any, &G::same);
+    add(OpId::prim_abs, Accept::Any, &G::call_unless_bool);
+    add(OpId::prim_sign, Accept::Any, &G::call_unless_bool);
+    for (OpId op : {OpId::prim_floor, OpId::prim_ceil, OpId::prim_round, OpId::prim_trunc})
+      add(op, Accept::Any, &G::call_if_float);
+    add(OpId::prim_isnan, Accept::Any, &G::classify);
+    add(OpId::prim_isinf, Accept::Any, &G::classify);
+    add(OpId::prim_neg, Accept::Any, &G::neg);
+    add(OpId::prim_bitwise_not, Accept::Any, &G::bitwise_not);
+    add(OpId::prim_logical_not, Accept::Any, &G::logical_not);
+    add(OpId::prim_add, Accept::Any, &G::infix<K::Add>);
+    add(OpId::prim_sub, Accept::Any, &G::infix<K::Sub>);
+    add(OpId::prim_mul, Accept::Any, &G::mul);
+    add(OpId::prim_eq, Accept::Any, &G::infix<K::Eq>);
+    add(OpId::prim_ne, Accept::Any, &G::infix<K::Ne>);
+    add(OpId::prim_lt, Accept::Any, &G::infix<K::Lt>);
+    add(OpId::prim_le, Accept::Any, &G::infix<K::Le>);
+    add(OpId::prim_gt, Accept::Any, &G::infix<K::Gt>);
+    add(OpId::prim_ge, Accept::Any, &G::infix<K::Ge>);
+    add(OpId::prim_bitwise_and, Accept::Any, &G::infix<K::BitAnd>);
+    add(OpId::prim_bitwise_or, Accept::Any, &G::infix<K::BitOr>);
+    add(OpId::prim_bitwise_xor, Accept::Any, &G::infix<K::BitXor>);
+    add(OpId::prim_logical_and, Accept::Any, &G::logical<K::And>);
+    add(OpId::prim_logical_or, Accept::Any, &G::logical<K::Or>);
+    add(OpId::prim_logical_xor, Accept::Any, &G::logical<K::Ne>);
+    add(OpId::prim_where, Accept::Any, &G::where);
+    add(OpId::prim_convert_element_type, Accept::NoFloatToInt, &G::convert);
+    // Index remaps.
+    add(OpId::prim_broadcast_in_dim, Accept::Any, &G::broadcast_in_dim);
+    add(OpId::prim_reshape, Accept::Any, &G::reshape);
+    add(OpId::prim_permute, Accept::Any, &G::permute);
+    add(OpId::prim_slice, Accept::Any, &G::slice);
+    add(OpId::prim_squeeze, Accept::Any, &G::squeeze);
+    add(OpId::prim_diagonal, Accept::Any, &G::diagonal);
+    add(OpId::prim_as_strided, Accept::Any, &G::as_strided);
+    // Creation.
+    add(OpId::prim_full, Accept::Any, &G::full);
+    add(OpId::prim_iota, Accept::NoHalfResult, &G::iota);
+    // Reductions.
+    add(OpId::prim_sum, Accept::Any, &G::reduction<kir::ReduceOp::Sum>);
+    add(OpId::prim_amax, Accept::Any, &G::reduction<kir::ReduceOp::Max>);
+    add(OpId::prim_amin, Accept::Any, &G::reduction<kir::ReduceOp::Min>);
+    add(OpId::prim_prod, Accept::NoBoolOperands, &G::reduction<kir::ReduceOp::Prod>);
+    add(OpId::prim_var, Accept::FloatOperands, &G::variance);
+    // Through torch.
+    torch(OpId::prim_cat, "concatenation is not in kernels yet");
+    torch(OpId::prim_take, "indexing by a tensor is not in kernels yet");
+    torch(OpId::prim_gather, "indexing by a tensor is not in kernels yet");
+    torch(OpId::prim_index_put, "an indexed write");
+    torch(OpId::prim_index_copy, "an indexed write");
+    torch(OpId::prim_as_strided_scatter, "a write into a strided view");
+    torch(OpId::prim_copy_, "a write into an existing tensor");
+    torch(OpId::prim_argmax, "index reductions are not in kernels yet");
+    torch(OpId::prim_argmin, "index reductions are not in kernels yet");
+    torch(OpId::prim_cumsum, "scans are not in kernels yet");
+    torch(OpId::prim_uniform, "random draws come from torch's generator");
+    torch(OpId::prim_normal, "random draws come from torch's generator");
+    torch(OpId::prim_matmul, "matrix products run in torch's libraries (tags::T)");
+    torch(OpId::torch_fallback, "a torch call with no table entry");
+    torch(OpId::torch_fallback_random, "a torch call with no table entry");
+    torch(OpId::manual_seed, "a side effect on torch's generator");
+    torch(OpId::set_rng_state, "a side effect on torch's generator");
+    for (KernelRule& r : rules)
+      r.calls_helper = r.lower == &G::call_op || r.lower == &G::call_unless_bool ||
+                       r.lower == &G::call_if_float || r.lower == &G::classify ||
+                       r.lower == &G::pow;
+  }
+};
+
+const KernelRule& kernel_rule(OpId op) {
+  static const RuleTable table;
+  return table.rules.at(static_cast<size_t>(op));
+}
+
+} // namespace
+
+bool has_kernel_rule(OpId op) { return kernel_rule(op).op == op; }
+
+std::vector<OpId> helper_prims() {
+  std::vector<OpId> out;
+  for (int i = 0; i < kNumOps; ++i)
+    if (kernel_rule(static_cast<OpId>(i)).calls_helper) out.push_back(static_cast<OpId>(i));
+  return out;
+}
+
+bool kernel_supports(const BoundSymbol& b) {
+  if (!b.def().has(tags::P)) return false; // a language op: lowering sees prims only
+  const KernelRule& r = kernel_rule(b.op);
+  KR_INTERNAL(r.op == b.op, "lowering: no kernel rule for prim ", b.def().id_name);
+  auto outs = b.outputs();
+  if (outs.size() != 1) return false;
+  const DType out = outs[0]->dtype, in = operand_dtype(b);
+  switch (r.accept) {
+  case Accept::Any:
+    return true;
+  case Accept::FloatOperands:
+    return is_float(in);
+  case Accept::FloatSameDtype:
+    return is_float(in) && in == out;
+  case Accept::NoFloatToInt:
+    return !(is_float(in) && !is_float(out) && !is_bool(out));
+  case Accept::NoHalfResult:
+    return !is_low_float(out);
+  case Accept::NoBoolOperands:
+    return !is_bool(in);
+  case Accept::Never:
+    return false;
+  }
+  return false;
+}
+
+namespace {
 
 // The strides a kernel output is allocated with: the proxy's when they describe a dense,
 // non-overlapping layout, else contiguous.

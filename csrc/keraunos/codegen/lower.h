@@ -42,8 +42,13 @@ struct LoweredRegion {
   std::vector<Step> steps;
 };
 
-// Whether a kernel can compute this prim (given its operand and result dtypes).
+// Whether a kernel can compute this prim (given its operand and result dtypes). Every prim of
+// the op table has a rule in lower.cpp's table: lowered by a kernel (for some dtypes) or run
+// through torch, for a reason the rule names.
 bool kernel_supports(const BoundSymbol& prim);
+bool has_kernel_rule(OpId prim);
+// The prims whose rule computes them by their device helper (kir::prim_helper).
+std::vector<OpId> helper_prims();
 
 // Lowers `prims` (a region's members flattened to prims, in order); `needed` are the values
 // read after the region. Kernel names are `prefix` + a number.

@@ -3,6 +3,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -16,83 +17,68 @@ bool has_loop(const kir::Block& b) {
   return false;
 }
 
-// Helpers as cheap as reloading a value from L1 (or cheaper): caching them gains nothing.
-bool cheap_helper(const std::string& id) {
-  static const std::set<std::string> cheap = {
-      "kr_abs",   "kr_maximum", "kr_minimum", "kr_sign",  "kr_isnan", "kr_isinf",
-      "kr_inf_f", "kr_inf_d",   "kr_nan_f",   "kr_nan_d", "kr_h2f",   "kr_f2h",
-      "kr_bf2f",  "kr_f2bf",    "kr_self",    "kr_seld",  "kr_round", "kr_floor",
-      "kr_ceil",  "kr_trunc",   "kr_reciprocal"};
-  return cheap.count(id) != 0;
-}
-
 // The values a loop body defines, in a form where two loops computing the same value at the
 // same point agree: the loop variable reads "@", values of the body are replaced by the
-// number of their own form (interned in `forms`, shared by the loops compared), variables
-// from outside keep their names.
+// number of their own form ("#n", numbered in `forms`, shared by the loops compared),
+// variables from outside keep their names. Forms are interned expressions: equal forms are
+// one node.
 struct Forms {
-  std::map<std::string, int> ids;
-  int id(const std::string& form) { return ids.emplace(form, static_cast<int>(ids.size())).first->second; }
+  // (buffer of a load or -1 for a let, form, dtype) -> number
+  std::map<std::tuple<int, const kir::ExprNode*, DType>, int> ids;
+  std::vector<kir::Expr> alive; // keeps the keys' nodes
+  int id(int buffer, const kir::Expr& form, DType dtype) {
+    alive.push_back(form);
+    return ids.emplace(std::tuple{buffer, form.get(), dtype}, static_cast<int>(ids.size()))
+        .first->second;
+  }
 };
 
 struct BodyValues {
   std::unordered_map<std::string, int> form;         // var -> form id
-  std::unordered_set<std::string> expensive;         // computes a costly helper somewhere
+  std::unordered_set<std::string> expensive;         // computes a costly op somewhere
   std::unordered_set<std::string> reads_accumulator; // depends on an accumulator of this loop
 };
 
-BodyValues describe(const kir::Kernel& k, const kir::Loop& l, Forms& forms) {
+BodyValues describe(const kir::Loop& l, Forms& forms) {
   BodyValues v;
   std::unordered_set<std::string> accs;
   for (const auto& s : l.body)
     if (s.kind == kir::Stmt::Kind::AccUpdate) accs.insert(s.update.var);
   for (const auto& s : l.body) {
     bool costly = false, acc = false;
-    auto sub = [&](const std::string& id) -> std::string {
-      if (id == l.var) return "@";
-      if (accs.count(id)) acc = true;
-      if (id.rfind("kr_", 0) == 0 && !cheap_helper(id)) costly = true;
-      auto it = v.form.find(id);
-      if (it == v.form.end()) return id;
-      costly |= v.expensive.count(id) != 0;
-      acc |= v.reads_accumulator.count(id) != 0;
-      return "#" + std::to_string(it->second);
+    auto sub = [&](const kir::ExprNode& x) -> kir::Expr {
+      if (x.name == l.var) return kir::var("@", x.dtype);
+      if (accs.count(x.name)) acc = true;
+      auto it = v.form.find(x.name);
+      if (it == v.form.end()) return nullptr;
+      costly |= v.expensive.count(x.name) != 0;
+      acc |= v.reads_accumulator.count(x.name) != 0;
+      return kir::var("#" + std::to_string(it->second), x.dtype);
     };
-    std::string var, form;
+    std::string var;
+    int id;
     if (s.kind == kir::Stmt::Kind::Load) {
       var = s.load.var;
-      form = "load " + k.buffers.at(s.load.buffer).name + "[" +
-             kir::map_identifiers(s.load.index.str(), sub) + "] " + kir::ctype(s.load.dtype);
+      id = forms.id(s.load.buffer, kir::substitute(s.load.index.expr(), sub), s.load.dtype);
     } else if (s.kind == kir::Stmt::Kind::Let) {
       var = s.let.var;
-      form = kir::map_identifiers(s.let.expr, sub) + " " + kir::ctype(s.let.dtype);
+      costly |= s.let.costly();
+      id = forms.id(-1, kir::substitute(s.let.expr, sub), s.let.dtype);
     } else {
       continue;
     }
-    v.form[var] = forms.id(form);
+    v.form[var] = id;
     if (costly) v.expensive.insert(var);
     if (acc) v.reads_accumulator.insert(var);
   }
   return v;
 }
 
-kir::Index rename(const kir::Index& ix, const std::string& from, const std::string& to) {
-  kir::Index out = ix;
-  for (auto& [v, c] : out.terms)
-    if (v == from) v = to;
-  out.opaque = kir::map_identifiers(out.opaque,
-                                    [&](const std::string& id) { return id == from ? to : id; });
-  return out;
-}
-
 // Drops loads and lets of a loop body that nothing reads any more.
 void drop_dead(kir::Block& body) {
   std::unordered_set<std::string> live;
-  auto mark = [&](const std::string& expr) {
-    kir::map_identifiers(expr, [&](const std::string& id) {
-      live.insert(id);
-      return id;
-    });
+  auto mark = [&](const kir::Expr& expr) {
+    kir::for_each_var(expr, [&](const std::string& id) { live.insert(id); });
   };
   kir::Block kept;
   for (auto it = body.rbegin(); it != body.rend(); ++it) {
@@ -160,8 +146,8 @@ private:
 
   bool reuse(kir::Loop& red, kir::Loop& inner) {
     Forms forms;
-    BodyValues rv = describe(k_, red, forms);
-    BodyValues iv = describe(k_, inner, forms);
+    BodyValues rv = describe(red, forms);
+    BodyValues iv = describe(inner, forms);
     std::unordered_map<int, std::string> in_red; // form -> var of the reduction loop
     for (const auto& s : red.body)
       if (s.kind == kir::Stmt::Kind::Let && !rv.reads_accumulator.count(s.let.var))
@@ -183,7 +169,7 @@ private:
       if (!pick) continue;
       kir::Store early;
       early.buffer = store.buffer;
-      early.index = rename(store.index, inner.var, red.var);
+      early.index = store.index.renamed(inner.var, red.var);
       early.value = in_red.at(iv.form.at(pick->var));
       kir::Load reload;
       reload.var = pick->var;

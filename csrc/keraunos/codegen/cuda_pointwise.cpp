@@ -1,0 +1,124 @@
+// CUDA schedules of pointwise kernels: grid-stride loops, scalar and vectorized.
+#include "keraunos/codegen/cuda_schedule.h"
+
+#include "keraunos/ir/error.h"
+
+namespace keraunos::codegen::cudagen {
+
+// ---------------------------------------------------------------------------------------------
+// Pointwise (and one-thread-per-outer-point) kernels.
+
+CudaLaunch grid_stride_launch(int64_t work) {
+  CudaLaunch l;
+  // Small spaces get whole warps (one thread for a single point, e.g. a 0-d kernel).
+  const int64_t threads = work >= kPointwiseThreads ? kPointwiseThreads
+                          : work <= 1               ? 1
+                                                    : (work + 31) / 32 * 32;
+  l.block[0] = static_cast<unsigned>(threads);
+  l.grid[0] = clamp_grid((work + threads - 1) / threads); // loops only past 2^31 blocks
+
+  l.work = static_cast<uint64_t>(work);
+  return l;
+}
+
+void emit_grid_stride(Emitter& e, const std::string& name, int threads) {
+  Out& o = e.out;
+  const std::string t = std::to_string(threads) + e.fsuf();
+  o.line(0, "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " +
+                name + "(" + e.params() + ") {");
+  o.line(1, "const " + e.ft() + " kr_stride = (" + e.ft() + ")gridDim.x * " + t + ";");
+  o.line(1, "for (" + e.ft() + " kr_i = (" + e.ft() + ")blockIdx.x * " + t +
+                " + threadIdx.x; kr_i < " + std::to_string(e.a.points) + e.fsuf() +
+                "; kr_i += kr_stride) {");
+  e.recover(dims_of(e.a.grid), "kr_i", 2);
+  e.serial(*e.a.point, 2);
+  o.line(1, "}");
+  o.line(0, "}");
+}
+
+// The vectorized pointwise variant: each thread and trip handles `vec` consecutive elements of
+// the innermost grid loop. Returns 0 when the kernel does not qualify.
+int vector_width(const Kernel& k, const Analysis& a) {
+  if (a.grid.loops.empty() || a.nested) return 0;
+  const std::string& v = a.grid.loops.back()->var;
+  const int64_t extent = a.grid.loops.back()->extent;
+  int widest = 0;
+  for (const Stmt& s : *a.point) {
+    if (s.kind != Stmt::Kind::Load && s.kind != Stmt::Kind::Store) continue;
+    const Index& ix = s.kind == Stmt::Kind::Load ? s.load.index : s.store.index;
+    const int buf = s.kind == Stmt::Kind::Load ? s.load.buffer : s.store.buffer;
+    const int64_t c = ix.coef(v);
+    if (!ix.affine() || (c != 0 && c != 1)) return 0;
+    if (s.kind == Stmt::Kind::Store && c != 1) return 0;
+    if (c == 1) widest = std::max(widest, itemsize(k.buffers.at(buf).dtype));
+  }
+  if (widest == 0 || widest > 8) return 0;
+  const int vec = 16 / widest;
+  if (extent % vec != 0) return 0;
+  for (const Stmt& s : *a.point) {
+    if (s.kind != Stmt::Kind::Load && s.kind != Stmt::Kind::Store) continue;
+    const Index& ix = s.kind == Stmt::Kind::Load ? s.load.index : s.store.index;
+    if (ix.coef(v) != 1) continue;
+    if (ix.constant % vec != 0) return 0;
+    for (const auto& [var, coef] : ix.terms)
+      if (var != v && coef % vec != 0) return 0;
+  }
+  return vec;
+}
+
+void emit_vectorized(Emitter& e, const std::string& name, int vec, int threads) {
+  Out& o = e.out;
+  const Kernel& k = e.k;
+  const Analysis& a = e.a;
+  const std::string v = a.grid.loops.back()->var;
+  const Rename base{{v, "kr_vb"}};
+  const std::string t = std::to_string(threads) + e.fsuf();
+  auto dims = dims_of(a.grid);
+  dims.back() = {"kr_vg", dims.back().second / vec};
+  o.line(0, "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " +
+                name + "(" + e.params() + ") {");
+  o.line(1, "const " + e.ft() + " kr_stride = (" + e.ft() + ")gridDim.x * " + t + ";");
+  o.line(1, "for (" + e.ft() + " kr_i = (" + e.ft() + ")blockIdx.x * " + t +
+                " + threadIdx.x; kr_i < " + std::to_string(a.points / vec) + e.fsuf() +
+                "; kr_i += kr_stride) {");
+  e.recover(dims, "kr_i", 2);
+  o.line(2, "const " + e.vt() + " kr_vb = kr_vg * " + std::to_string(vec) + ";");
+  const std::string lanes = std::to_string(vec);
+  std::vector<std::string> stores_after;
+  e.replace.clear();
+  int n = 0;
+  for (const Stmt& s : *a.point) {
+    if (s.kind == Stmt::Kind::Load) {
+      const kir::Buffer& b = k.buffers.at(s.load.buffer);
+      if (s.load.index.coef(v) == 0) { // the same element for every lane: load it once
+        o.line(2, e.load_line(s.load));
+        e.replace[&s] = "";
+        continue;
+      }
+      const std::string st = kir::ctype(b.dtype);
+      const std::string reg = "kr_ld" + std::to_string(n++);
+      o.line(2, "const kr_vec<" + st + ", " + lanes + "> " + reg + " = kr_load_vec<" + st +
+                    ", " + lanes + ">(" + b.name + " + " + index_expr(s.load.index, base) +
+                    ");");
+      e.replace[&s] = std::string("const ") + kir::ctype(s.load.dtype) + " " + s.load.var +
+                      " = " + load_conv(b.dtype, s.load.dtype, reg + ".v[kr_l]") + ";";
+    } else if (s.kind == Stmt::Kind::Store) {
+      const kir::Buffer& b = k.buffers.at(s.store.buffer);
+      const std::string reg = "kr_st" + std::to_string(n++);
+      e.replace[&s] =
+          vector_store(e, b, s.store, reg, std::stoi(lanes), base, 2, stores_after, *a.point);
+    }
+  }
+  o.line(2, "#pragma unroll");
+  o.line(2, "for (int kr_l = 0; kr_l < " + lanes + "; ++kr_l) {");
+  o.line(3, "const " + e.vt() + " " + v + " = kr_vb + kr_l;");
+  e.serial(*a.point, 3);
+  o.line(2, "}");
+  for (const std::string& s : stores_after) o.line(2, s);
+  e.replace.clear();
+  o.line(1, "}");
+  o.line(0, "}");
+}
+
+
+} // namespace keraunos::codegen::cudagen
