@@ -385,16 +385,21 @@ private:
     return let(n.t->dtype,
                kir::unary(kir::ExprKind::Not, kir::cast(DType::Bool, arg(n, 0, in_c(n)))));
   }
+  // (Operands are generated in order, each in its own statement: the order of a call's
+  // arguments is unspecified, and it decides the order of loads and buffers.)
   template <kir::ExprKind K> std::string infix(const Node& n) {
-    return let(n.t->dtype, kir::binary(K, arg(n, 0, in_c(n)), arg(n, 1, in_c(n))));
+    kir::Expr x = arg(n, 0, in_c(n));
+    kir::Expr y = arg(n, 1, in_c(n));
+    return let(n.t->dtype, kir::binary(K, x, y));
   }
   std::string mul(const Node& n) {
     return is_bool(operand_dtype(n.b)) ? infix<kir::ExprKind::And>(n)
                                        : infix<kir::ExprKind::Mul>(n);
   }
   template <kir::ExprKind K> std::string logical(const Node& n) {
-    return let(n.t->dtype, kir::binary(K, kir::cast(DType::Bool, arg(n, 0, in_c(n))),
-                                       kir::cast(DType::Bool, arg(n, 1, in_c(n)))));
+    kir::Expr x = kir::cast(DType::Bool, arg(n, 0, in_c(n)));
+    kir::Expr y = kir::cast(DType::Bool, arg(n, 1, in_c(n)));
+    return let(n.t->dtype, kir::binary(K, x, y));
   }
   std::string div(const Node& n) {
     // A divisor computed once outside the current loop (softmax's sum, a mean's count):
@@ -435,7 +440,9 @@ private:
                : b.args[2].is_tensor() ? b.args[2].tensor()->dtype
                                        : n.t->dtype;
     DType vc = kir::compute_dtype(vd);
-    return let(n.t->dtype, kir::select(c, arg(n, 1, vc), arg(n, 2, vc)));
+    kir::Expr x = arg(n, 1, vc);
+    kir::Expr y = arg(n, 2, vc);
+    return let(n.t->dtype, kir::select(c, x, y));
   }
   std::string convert(const Node& n) {
     kir::Expr x = ref(same(n));
