@@ -91,6 +91,17 @@ def copy(x, y):
     return y.copy_(x)
 
 
+def _rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotary(q, k, cos, sin):
+    """HF's apply_rotary_pos_emb (Llama): rotate_half is two slices and a cat."""
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
 # ---------------------------------------------------------------------------------------------
 # Cases
 

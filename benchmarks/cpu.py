@@ -60,6 +60,7 @@ def _chain5(step):
 def cases(quick):
     n = 2**16 if quick else 2**24
     rows, cols = (256, 512) if quick else (4096, 4096)
+    b, seq = (1, 64) if quick else (4, 1024)
     f32, bf16 = torch.float32, torch.bfloat16
     return [
         bu.Case("chain10", bu.chain10, [(n,)], f32),
@@ -69,6 +70,13 @@ def cases(quick):
         bu.Case("rms_norm", bu.rms_norm, [(rows, cols), (cols,)], bf16),
         bu.Case("rms_norm_fn", bu.rms_norm_fn, [(rows, cols), (cols,)], bf16),
         *(bu.Case(f"{name}5", _chain5(step), [(n,)], f32) for name, step in STEPS.items()),
+        bu.Case(
+            "rotary",
+            bu.rotary,
+            [(b, 8, seq, 64), (b, 2, seq, 64), (seq, 64), (seq, 64)],
+            f32,
+            label=f"rotary q,k {b}×8/2×{seq}×64",
+        ),
     ]
 
 

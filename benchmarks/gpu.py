@@ -37,6 +37,7 @@ def cases(quick):
     n = 2**20 if quick else 2**28
     rows, cols = (256, 2048) if quick else (16384, 8192)
     long_rows, long_cols = (8, 65536) if quick else (512, 262144)
+    b, seq = (1, 64) if quick else (4, 2048)
     f32, bf16 = torch.float32, torch.bfloat16
 
     def copy_bytes(inputs, out):  # read x, write y
@@ -70,6 +71,13 @@ def cases(quick):
             [(long_rows, long_cols), (long_cols,)],
             bf16,
             label=f"F.rms_norm {long_rows}×{long_cols}",
+        ),
+        bu.Case(
+            "rotary",
+            bu.rotary,
+            [(b, 32, seq, 128), (b, 8, seq, 128), (seq, 128), (seq, 128)],
+            bf16,
+            label=f"rotary q,k {b}×32/8×{seq}×128",
         ),
         bu.Case("overhead", bu.chain10, [(16,)], f32, extra={"overhead": True}),
     ]

@@ -156,6 +156,9 @@ def _candidate(prog: Program, tensors: dict, fresh: str) -> str:
                 f"{fresh} = {x}.{rng.choice(_REDUCE)}({d}, keepdim={rng.random() < 0.5})",
                 f"{fresh} = {x}.softmax({d})",
                 f"{fresh} = {x}.cumsum({d})",
+                f"{fresh} = torch.cat([{x}, {x} * 2], {d})",
+                f"{fresh} = torch.cat([-{x}[..., 1:], {x}[..., :1].exp()], -1)",
+                f"{fresh} = torch.stack([{x}, {x}.sin()], {rng.randrange(nd + 1)})",
             ]
         return rng.choice(opts)
     return f"{fresh} = torch.randn({tuple(t.shape)}, device={prog.params[0]}.device)"

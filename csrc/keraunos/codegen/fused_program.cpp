@@ -24,6 +24,23 @@ void flatten(const BoundSymbol& b, std::vector<BoundSymbol>& out) {
   for (const auto& s : b.subsymbols) flatten(s, out);
 }
 
+// Moves the views of values the region does not compute (its inputs: q[..., :d] of a rotary
+// embedding) before its first prim. They run through torch as free views; left in place, a
+// view between two prims would end one kernel and start another.
+void hoist_input_views(std::vector<BoundSymbol>& prims) {
+  std::unordered_set<const TensorProxy*> computed;
+  std::vector<BoundSymbol> views, rest;
+  for (auto& p : prims) {
+    bool of_input = p.def().has(tags::V) && !kernel_supports(p);
+    for (const auto& t : p.inputs()) of_input = of_input && !computed.count(t.get());
+    if (!of_input)
+      for (const auto& t : p.outputs()) computed.insert(t.get());
+    (of_input ? views : rest).push_back(std::move(p));
+  }
+  prims = std::move(views);
+  for (auto& p : rest) prims.push_back(std::move(p));
+}
+
 std::optional<Device> device_of(const BoundSymbol& b) {
   for (const auto& t : b.outputs()) return t->device;
   for (const auto& t : b.inputs()) return t->device;
@@ -172,6 +189,7 @@ FusedProgram fused_program(const Trace& trace, const std::string& name, const Fu
         if (p.def().has(tags::E | tags::R) && p.op != OpId::prim_restride && ks) computes = true;
       }
       claim = computes && (d.has(tags::F) || all);
+      hoist_input_views(prims);
       // A kernel reads memory on its own device only (eager lets a CPU 0-d tensor join CUDA
       // math; torch runs such a region).
       for (const auto& p : prims) {

@@ -32,6 +32,20 @@ DType operand_dtype(const BoundSymbol& b) {
   return b.outputs().at(0)->dtype;
 }
 
+// An integer division whose divisor is a constant a kernel may divide by (Accept::
+// FloatOrIntByConstant): a tensor of a non-bool integer dtype over an integer literal in that
+// dtype's range, neither 0 nor -1.
+bool int_by_constant(const BoundSymbol& b) {
+  if (b.args.size() != 2 || !b.args[0].is_tensor() || !b.args[1].is_int()) return false;
+  const DType d = b.args[0].tensor()->dtype;
+  if (!is_int(d)) return false;
+  const int64_t v = b.args[1].as_int();
+  const int bits = 8 * itemsize(d);
+  const int64_t lo = d == DType::UInt8 ? 0 : (bits == 64 ? INT64_MIN : -(int64_t{1} << (bits - 1)));
+  const int64_t hi = d == DType::UInt8 ? 255 : (bits == 64 ? INT64_MAX : (int64_t{1} << (bits - 1)) - 1);
+  return v != 0 && v != -1 && v >= lo && v <= hi;
+}
+
 } // namespace
 
 namespace {
@@ -195,8 +209,10 @@ enum class Accept : uint8_t {
   FloatOperands,   // float operands (integer division by zero raises in eager; integer pow
                    // has its own rules)
   FloatSameDtype,  // float operands, result in their dtype (the transcendentals)
-  NoFloatToInt,    // float-to-integer conversion of out-of-range values is undefined in C++
-                   // and differs between eager's kernels
+  FloatOrIntByConstant, // float operands, or an integer tensor and a constant divisor of its
+                        // dtype that is neither 0 (eager raises) nor -1 (INT_MIN / -1 traps)
+  NoFloatToNarrowInt, // float to int32/int64 only: eager's conversions to narrower integers
+                      // of out-of-range values differ between its kernels
   NoHalfResult,    // iota in float16/bfloat16 (eager computes it in the output dtype)
   NoBoolOperands,  // prod of bools
   Never,           // runs through torch: `torch` says why
@@ -401,7 +417,30 @@ private:
     kir::Expr y = kir::cast(DType::Bool, arg(n, 1, in_c(n)));
     return let(n.t->dtype, kir::binary(K, x, y));
   }
+  // Integer division by a constant d (Accept::FloatOrIntByConstant), as eager computes it:
+  // C's truncating / and % (div, fmod), floored for floor_divide and remainder (the result of
+  // remainder takes the divisor's sign). Floats call the prim's helper.
+  std::string division(const Node& n) {
+    if (is_float(operand_dtype(n.b))) return call_op(n);
+    using K = kir::ExprKind;
+    const DType c = in_c(n);
+    const int64_t d = n.b.args[1].as_int();
+    kir::Expr x = arg(n, 0, c), dl = kir::int_lit(d, c), zero = kir::int_lit(0, c);
+    kir::Expr q = kir::binary(K::Div, x, dl), r = kir::binary(K::Mod, x, dl);
+    // The remainder has the wrong sign for flooring when it is nonzero and its sign differs
+    // from the divisor's.
+    kir::Expr off = kir::binary(d > 0 ? K::Lt : K::Gt, r, zero);
+    if (n.b.op == OpId::prim_floor_divide)
+      return let(n.t->dtype, kir::select(off, kir::binary(K::Sub, q, kir::int_lit(1, c)), q));
+    if (n.b.op == OpId::prim_remainder)
+      return let(n.t->dtype, kir::select(off, kir::binary(K::Add, r, dl), r));
+    KR_INTERNAL(n.b.op == OpId::prim_fmod, "division: not a division prim: ", n.b.def().id_name);
+    return let(n.t->dtype, r);
+  }
   std::string div(const Node& n) {
+    if (!is_float(operand_dtype(n.b))) // truncating, by a constant (FloatOrIntByConstant)
+      return let(n.t->dtype, kir::binary(kir::ExprKind::Div, arg(n, 0, in_c(n)),
+                                         kir::int_lit(n.b.args[1].as_int(), in_c(n))));
     // A divisor computed once outside the current loop (softmax's sum, a mean's count):
     // multiply by its reciprocal, as eager's softmax kernels do, instead of dividing each
     // element (a division costs several multiplications). Differs by at most one ulp.
@@ -446,6 +485,12 @@ private:
   }
   std::string convert(const Node& n) {
     kir::Expr x = ref(same(n));
+    // Float to int32/int64 (NoFloatToNarrowInt): on CUDA a C cast is the truncating, saturating
+    // conversion eager's kernels make; the CPU helpers define what C++ leaves undefined as x86
+    // (and eager) does.
+    if (is_float(x->dtype) && is_int(n.t->dtype) && k_.device == DeviceType::CPU)
+      return let(n.t->dtype, kir::call(n.t->dtype == DType::Int32 ? "kr_f2i32" : "kr_f2i64", {x},
+                                       n.t->dtype));
     if (!is_bool(n.t->dtype)) return let(n.t->dtype, x);
     kir::Expr zero = is_float(x->dtype)  ? kir::float_lit(0, x->dtype)
                      : is_bool(x->dtype) ? kir::bool_lit(false)
@@ -503,6 +548,56 @@ private:
       ai[k] = d;
     }
     return gen(a, ai);
+  }
+  // Concatenation: the element of the part that holds this index along `dim`. Each part that
+  // may hold it is read at the index clamped into its extent (every read stays in bounds), and
+  // selects pick the one that does; parts the index never reaches are not read.
+  std::string cat(const Node& n) {
+    using K = kir::ExprKind;
+    const auto parts = n.b.args[0].tensor_list();
+    const int64_t dim = n.b.args[1].as_int();
+    const Dim& d = n.idx.at(dim);
+    int64_t lo = 0, hi = 0;
+    const bool known = affine_range(d, vars_, &lo, &hi);
+    const kir::Expr at = d.ix.expr();
+    std::vector<std::pair<std::string, int64_t>> values; // (var, end of its part)
+    int64_t begin = 0;
+    for (const auto& part : parts) {
+      const int64_t size = part->shape[dim], end = begin + size;
+      if (size == 0 || (known && (hi < begin || lo >= end))) {
+        begin = end;
+        continue;
+      }
+      Dim local = d;
+      local.ix.constant -= begin;
+      const bool below = !known || lo < begin, above = !known || hi >= end;
+      if (below || above) { // clamp into [0, size - 1] where the index leaves it
+        kir::Expr e = local.ix.expr();
+        kir::Expr zero = kir::int_lit(0, DType::Int64), last = kir::int_lit(size - 1, DType::Int64);
+        if (above) e = kir::select(kir::binary(K::Gt, e, last), last, e);
+        if (below) e = kir::select(kir::binary(K::Lt, local.ix.expr(), zero), zero, e);
+        local = Dim{};
+        local.ix.opaque = e;
+        local.deps = deps_of(d);
+      }
+      std::vector<Dim> pi = n.idx;
+      pi[dim] = local;
+      values.push_back({gen(part, pi), end});
+      begin = end;
+    }
+    KR_INTERNAL(!values.empty(), "kernel generation: a cat element in no part");
+    if (values.size() == 1) return values[0].first;
+    kir::Expr r = ref(values.back().first);
+    for (size_t i = values.size() - 1; i-- > 0;)
+      r = kir::select(kir::binary(K::Lt, at, kir::int_lit(values[i].second, DType::Int64)),
+                      ref(values[i].first), r);
+    // The parts' values are already in the output's dtype: no rounding.
+    kir::Let l;
+    l.var = fresh("v");
+    l.dtype = out_c(n);
+    l.expr = r;
+    emit(kir::Stmt::of(l));
+    return l.var;
   }
   std::string squeeze(const Node& n) {
     const auto& a = n.b.args[0].tensor();
@@ -724,9 +819,9 @@ struct RuleTable {
                     OpId::prim_rsqrt, OpId::prim_erf, OpId::prim_reciprocal})
       add(op, Accept::FloatSameDtype, &G::call_op);
     for (OpId op : {OpId::prim_floor_divide, OpId::prim_remainder, OpId::prim_fmod})
-      add(op, Accept::FloatOperands, &G::call_op);
+      add(op, Accept::FloatOrIntByConstant, &G::division);
     add(OpId::prim_pow, Accept::FloatOperands, &G::pow);
-    add(OpId::prim_div, Accept::FloatOperands, &G::div);
+    add(OpId::prim_div, Accept::FloatOrIntByConstant, &G::div);
     add(OpId::prim_maximum, Accept::Any, &G::call_op);
     add(OpId::prim_minimum, Accept::Any, &G::call_op);
     add(OpId::prim_clone, Accept::Any, &G::same);
@@ -756,12 +851,13 @@ struct RuleTable {
     add(OpId::prim_logical_or, Accept::Any, &G::logical<K::Or>);
     add(OpId::prim_logical_xor, Accept::Any, &G::logical<K::Ne>);
     add(OpId::prim_where, Accept::Any, &G::where);
-    add(OpId::prim_convert_element_type, Accept::NoFloatToInt, &G::convert);
+    add(OpId::prim_convert_element_type, Accept::NoFloatToNarrowInt, &G::convert);
     // Index remaps.
     add(OpId::prim_broadcast_in_dim, Accept::Any, &G::broadcast_in_dim);
     add(OpId::prim_reshape, Accept::Any, &G::reshape);
     add(OpId::prim_permute, Accept::Any, &G::permute);
     add(OpId::prim_slice, Accept::Any, &G::slice);
+    add(OpId::prim_cat, Accept::Any, &G::cat);
     add(OpId::prim_squeeze, Accept::Any, &G::squeeze);
     add(OpId::prim_diagonal, Accept::Any, &G::diagonal);
     add(OpId::prim_as_strided, Accept::Any, &G::as_strided);
@@ -775,7 +871,6 @@ struct RuleTable {
     add(OpId::prim_prod, Accept::NoBoolOperands, &G::reduction<kir::ReduceOp::Prod>);
     add(OpId::prim_var, Accept::FloatOperands, &G::variance);
     // Through torch.
-    torch(OpId::prim_cat, "concatenation is not in kernels yet");
     torch(OpId::prim_take, "indexing by a tensor is not in kernels yet");
     torch(OpId::prim_gather, "indexing by a tensor is not in kernels yet");
     torch(OpId::prim_index_put, "an indexed write");
@@ -795,6 +890,7 @@ struct RuleTable {
     for (KernelRule& r : rules)
       r.calls_helper = r.lower == &G::call_op || r.lower == &G::call_unless_bool ||
                        r.lower == &G::call_if_float || r.lower == &G::classify ||
+                       r.lower == &G::division ||
                        r.lower == &G::pow;
   }
 };
@@ -829,8 +925,10 @@ bool kernel_supports(const BoundSymbol& b) {
     return is_float(in);
   case Accept::FloatSameDtype:
     return is_float(in) && in == out;
-  case Accept::NoFloatToInt:
-    return !(is_float(in) && !is_float(out) && !is_bool(out));
+  case Accept::FloatOrIntByConstant:
+    return is_float(in) || int_by_constant(b);
+  case Accept::NoFloatToNarrowInt:
+    return !(is_float(in) && is_int(out)) || out == DType::Int32 || out == DType::Int64;
   case Accept::NoHalfResult:
     return !is_low_float(out);
   case Accept::NoBoolOperands:

@@ -530,6 +530,17 @@ template <typename T> static inline T kr_floor_divide_fp(T a, T b) {
 static inline float kr_floor_divide(float a, float b) { return kr_floor_divide_fp(a, b); }
 static inline double kr_floor_divide(double a, double b) { return kr_floor_divide_fp(a, b); }
 
+// Float to int32/int64 as eager's CPU kernels convert (x86's truncating conversions): NaN and
+// values outside the integer's range give its lowest value; C++ leaves those undefined.
+template <typename I, typename F> static inline I kr_f2i(F x) {
+  constexpr F lim = F(uint64_t{1} << (8 * sizeof(I) - 1)); // 2^31 or 2^63, exact
+  return (x != x || x >= lim || x < -lim) ? std::numeric_limits<I>::min() : static_cast<I>(x);
+}
+static inline int32_t kr_f2i32(float x) { return kr_f2i<int32_t>(x); }
+static inline int32_t kr_f2i32(double x) { return kr_f2i<int32_t>(x); }
+static inline int64_t kr_f2i64(float x) { return kr_f2i<int64_t>(x); }
+static inline int64_t kr_f2i64(double x) { return kr_f2i<int64_t>(x); }
+
 // ---- 16-bit floats held as uint16_t bits --------------------------------------------------------
 
 // IEEE binary16 -> float: exact. Subnormal halves are renormalized by a float subtraction.
