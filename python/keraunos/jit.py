@@ -246,9 +246,15 @@ class JittedFunction(_C.Dispatcher):
             st.last_pass_ms[t.stage] = st.last_pass_ms.get(t.stage, 0.0) + t.ms
         st.last_pass_ms["codegen"] = cg_ms
         st.compile_ms += (time.perf_counter() - t_start) * 1e3
-        if "traces" in {s.strip() for s in _C.option("dump").split(",")}:
+        dump = {s.strip() for s in _C.option("dump").split(",")}
+        if "traces" in dump:
             for t in self._traces:
                 print(t)
+        if "kernels" in dump:
+            for k in kernels:
+                for stage, listing in k.stages:
+                    print(f"# kernel {k.name} after {stage}")
+                    print(listing)
         return program, self._traces
 
 

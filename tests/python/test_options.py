@@ -88,3 +88,32 @@ def test_bad_options_are_named():
     finally:
         keraunos.set_option("cuda_tune", None)
     assert keraunos.options()["cuda_tune"]["value"] == {}
+
+
+@pytest.mark.skipif(
+    not keraunos._C.cpu_compiler_info()["available"], reason="kernels need a C++ compiler"
+)
+def test_dump_kernels_prints_each_kernel_pass(monkeypatch, capsys):
+    # KERAUNOS_DUMP=kernels: every kernel after lowering and after each kernel pass that ran
+    # (codegen/kernel_passes.h); reuse_reduced_values runs on CPU kernels only.
+    monkeypatch.setenv("KERAUNOS_DUMP", "kernels")
+    jf = keraunos.jit(lambda x: torch.softmax(x, -1))
+    jf(torch.randn(4, 64))
+    out = capsys.readouterr().out
+    headers = re.findall(r"^# kernel (\w+) after (\w+)$", out, re.M)
+    assert headers == [
+        ("k0_0", "lower"),
+        ("k0_0", "fuse_sibling_reductions"),
+        ("k0_0", "reuse_reduced_values"),
+        ("k0_0", "hoist_invariants"),
+    ], out
+    (k,) = _kernels(jf)
+    assert [s for s, _ in k.stages] == [h[1] for h in headers]
+    assert k.stages[-1][1] == k.ir  # the last stage is what the emitter printed
+    # The reuse pass stores the exp in the reduction loop and reloads it in the pointwise one.
+    assert "load out0" not in k.stages[1][1] and "load out0" in k.stages[2][1]
+    # Without the option nothing is recorded.
+    monkeypatch.setenv("KERAUNOS_DUMP", "")
+    jf2 = keraunos.jit(lambda x: torch.softmax(x, -1) * 2)
+    jf2(torch.randn(4, 64))
+    assert _kernels(jf2)[0].stages == [] and capsys.readouterr().out == ""

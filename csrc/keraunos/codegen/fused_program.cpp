@@ -205,7 +205,7 @@ FusedProgram fused_program(const Trace& trace, const std::string& name, const Fu
     }
     std::vector<TensorRef> needed = b.outputs();
     const std::string prefix = "k" + std::to_string(region++) + "_";
-    LoweredRegion lr = lower_region(prims, needed, dev->type, prefix);
+    LoweredRegion lr = lower_region(prims, needed, dev->type, prefix, opt.kernel_stages);
     if (opt.cuda_twins && dev->type == DeviceType::CPU) {
       LoweredRegion twin = lower_region(prims, needed, DeviceType::CUDA, prefix);
       KR_INTERNAL(twin.kernels.size() == lr.kernels.size(),

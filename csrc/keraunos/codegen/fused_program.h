@@ -19,6 +19,7 @@ struct FusionOptions {
   bool cpu = true;  // claim regions on CPU tensors
   bool cuda = true; // claim regions on CUDA tensors
   bool cuda_twins = false; // also lower CPU regions for CUDA (KernelCall::cuda_twin)
+  bool kernel_stages = false; // record each kernel after every kernel pass (KernelCall::stages)
 };
 
 struct FusedProgram {

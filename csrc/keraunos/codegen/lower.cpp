@@ -1,6 +1,6 @@
 #include "keraunos/codegen/lower.h"
 
-#include "keraunos/codegen/reuse_reduced_values.h"
+#include "keraunos/codegen/kernel_passes.h"
 
 #include "keraunos/ir/error.h"
 #include "keraunos/ops/meta.h"
@@ -971,8 +971,9 @@ struct Segment {
 class SegmentLowering {
 public:
   SegmentLowering(const Segment& seg, const std::unordered_set<const TensorProxy*>& needed,
-                  DeviceType device, const std::string& prefix, int* counter)
-      : seg_(seg), needed_(needed), device_(device), prefix_(prefix), counter_(counter) {
+                  DeviceType device, const std::string& prefix, int* counter, bool record_stages)
+      : seg_(seg), needed_(needed), device_(device), prefix_(prefix), counter_(counter),
+        record_stages_(record_stages) {
     for (size_t i = 0; i < seg.members.size(); ++i)
       for (const auto& o : seg.members[i]->outputs()) {
         producer_[o.get()] = seg.members[i];
@@ -1078,10 +1079,7 @@ private:
         for (size_t i = 0; i < order.size(); ++i) gen.close();
       k.body = gen.finish();
       mark_inner(k.body);
-      kir::fuse_sibling_reductions(k.body);
-      // CPU kernels re-read rows from cache cheaply; GPU kernels prefer recomputing.
-      if (device_ == DeviceType::CPU) reuse_reduced_values(k);
-      kir::hoist_invariants(k.body);
+      run_kernel_passes(k, record_stages_ ? &call.stages : nullptr);
       for (const auto& t : g) loadable.insert(t.get());
       calls.push_back(std::move(call));
     }
@@ -1094,6 +1092,7 @@ private:
   DeviceType device_;
   std::string prefix_;
   int* counter_;
+  bool record_stages_;
   std::unordered_map<const TensorProxy*, const BoundSymbol*> producer_;
   std::unordered_map<const TensorProxy*, int> position_;
   std::vector<kir::Buffer> out_buffers_;
@@ -1103,7 +1102,7 @@ private:
 
 LoweredRegion lower_region(const std::vector<BoundSymbol>& prims,
                            const std::vector<TensorRef>& needed, DeviceType device,
-                           const std::string& prefix) {
+                           const std::string& prefix, bool record_stages) {
   LoweredRegion out;
   // Values read after each position: by later prims of the region or after the region.
   std::unordered_map<const TensorProxy*, int> last_read;
@@ -1137,7 +1136,7 @@ LoweredRegion lower_region(const std::vector<BoundSymbol>& prims,
         if (after.count(o.get()) || (it != last_read.end() && it->second >= static_cast<int>(j)))
           seg_needed.insert(o.get());
       }
-    SegmentLowering sl(seg, seg_needed, device, prefix, &counter);
+    SegmentLowering sl(seg, seg_needed, device, prefix, &counter, record_stages);
     for (auto& c : sl.run()) {
       Step s;
       s.kernel = static_cast<int>(out.kernels.size());

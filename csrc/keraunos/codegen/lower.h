@@ -10,6 +10,7 @@
 // broadcast along an outer loop) is materialized by an earlier kernel instead.
 #pragma once
 #include "keraunos/codegen/kernel_ir.h"
+#include "keraunos/codegen/kernel_passes.h"
 #include "keraunos/ir/trace.h"
 
 #include <memory>
@@ -29,6 +30,8 @@ struct KernelCall {
   // With FusionOptions::cuda_twins, for a CPU kernel: the same region's kernel lowered for CUDA
   // (what a GPU would run; CI without a GPU compiles it through NVRTC). Null otherwise.
   std::shared_ptr<const kir::Kernel> cuda_twin;
+  // With `record_stages`: the kernel after lowering and after each kernel pass (kernel_passes.h).
+  std::vector<KernelStage> stages;
 };
 
 // One statement of a lowered region: a kernel call or a prim run through torch.
@@ -51,9 +54,10 @@ bool has_kernel_rule(OpId prim);
 std::vector<OpId> helper_prims();
 
 // Lowers `prims` (a region's members flattened to prims, in order); `needed` are the values
-// read after the region. Kernel names are `prefix` + a number.
+// read after the region. Kernel names are `prefix` + a number. Each kernel goes through the
+// kernel passes (kernel_passes.h); with `record_stages`, KernelCall::stages lists it after each.
 LoweredRegion lower_region(const std::vector<BoundSymbol>& prims,
                            const std::vector<TensorRef>& needed, DeviceType device,
-                           const std::string& prefix);
+                           const std::string& prefix, bool record_stages = false);
 
 } // namespace keraunos::codegen

@@ -12,6 +12,7 @@
 #include "keraunos/runtime/nvrtc.h"
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -92,6 +93,8 @@ class FusedKernel {
 public:
   std::string name, ir, source;
   std::string cuda_check_source; // KERAUNOS_CHECK_CUDA_CODEGEN: the CUDA a CPU kernel would get
+  // KERAUNOS_DUMP=kernels: (stage, listing) after lowering and after each kernel pass.
+  std::vector<std::pair<std::string, std::string>> stages;
   std::shared_ptr<cpu::CompiledLibrary> lib;
   cpu::KernelFn fn = nullptr;
   std::shared_ptr<runtime::CompiledCudaKernel> cuda; // set for CUDA kernels
@@ -207,6 +210,7 @@ void bind_fusion(nb::module_& m) {
       .def_ro("ir", &FusedKernel::ir)
       .def_ro("source", &FusedKernel::source)
       .def_ro("cuda_check_source", &FusedKernel::cuda_check_source)
+      .def_ro("stages", &FusedKernel::stages)
       .def("__call__", &FusedKernel::call)
       .def("__repr__", [](const FusedKernel& k) { return "<keraunos kernel " + k.name + ">"; });
 
@@ -221,6 +225,9 @@ void bind_fusion(nb::module_& m) {
         opt.cpu = cpu_fusion;
         opt.cuda = cuda_fusion;
         opt.cuda_twins = check_cuda_codegen;
+        std::string dump = options::text("dump"); // KERAUNOS_DUMP=kernels: every kernel pass
+        std::replace(dump.begin(), dump.end(), ',', ' ');
+        for (const auto& w : options::split_words(dump)) opt.kernel_stages |= w == "kernels";
         codegen::FusedProgram fp = codegen::fused_program(trace, name, opt);
         nb::module_ torch = nb::module_::import_("torch");
         nb::object empty_strided = torch.attr("empty_strided");
@@ -252,6 +259,7 @@ void bind_fusion(nb::module_& m) {
           auto* k = new FusedKernel();
           k->name = kc.kernel.name;
           k->ir = kc.kernel.str();
+          for (const auto& st : kc.stages) k->stages.emplace_back(st.pass, st.listing);
           k->source = codegen::emit_cpu_kernel(kc.kernel);
           if (kc.kernel.device == DeviceType::CUDA) {
             int dev = kc.outputs.at(0)->device.index;

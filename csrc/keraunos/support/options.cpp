@@ -22,7 +22,9 @@ constexpr Option kOptions[] = {
      "Check the trace invariants (DESIGN.md section 2) after every pass; read at each compile."},
     {"dump", "KERAUNOS_DUMP", Kind::Text, "", nullptr,
      "What to print at each compilation (comma-separated): 'traces' prints every stage "
-     "(acquisition, each pass, the program) to stdout; read at each compile."},
+     "(acquisition, each pass, the program) to stdout; 'kernels' prints every generated kernel "
+     "after lowering and after each kernel pass (codegen/kernel_passes.h); read at each "
+     "compile."},
     {"cache_dir", "KERAUNOS_CACHE_DIR", Kind::Text, "~/.cache/keraunos", nullptr,
      "The on-disk kernel caches (CPU libraries in cpu/, CUDA binaries beside them); read when "
      "the cache is first used."},
