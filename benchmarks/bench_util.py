@@ -97,6 +97,11 @@ def _rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def cross_entropy(logits, target):
+    """An LM's loss over its vocabulary: log-softmax of each row and the target's logit."""
+    return F.cross_entropy(logits, target)
+
+
 def rotary(q, k, cos, sin):
     """HF's apply_rotary_pos_emb (Llama): rotate_half is two slices and a cat."""
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
@@ -123,13 +128,21 @@ class Case:
     nbytes: Callable | None = None
     label: str = ""
     extra: dict = field(default_factory=dict)
+    # input position -> n: that input holds int64 class indices in [0, n) (a loss's target)
+    ints: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.label:
             self.label = self.name
 
     def inputs(self, device):
-        return tuple(_randn(s, self.dtype, device, seed=i + 1) for i, s in enumerate(self.shapes))
+        def make(i, s):
+            if i in self.ints:
+                g = torch.Generator(device=device).manual_seed(i + 1)
+                return torch.randint(0, self.ints[i], s, device=device, generator=g)
+            return _randn(s, self.dtype, device, seed=i + 1)
+
+        return tuple(make(i, s) for i, s in enumerate(self.shapes))
 
     def describe(self):
         dt = str(self.dtype).removeprefix("torch.")

@@ -61,6 +61,7 @@ def cases(quick):
     n = 2**16 if quick else 2**24
     rows, cols = (256, 512) if quick else (4096, 4096)
     b, seq = (1, 64) if quick else (4, 1024)
+    ce_rows = 64 if quick else 1024
     f32, bf16 = torch.float32, torch.bfloat16
     return [
         bu.Case("chain10", bu.chain10, [(n,)], f32),
@@ -76,6 +77,14 @@ def cases(quick):
             [(b, 8, seq, 64), (b, 2, seq, 64), (seq, 64), (seq, 64)],
             f32,
             label=f"rotary q,k {b}×8/2×{seq}×64",
+        ),
+        bu.Case(
+            "cross_entropy",
+            bu.cross_entropy,
+            [(ce_rows, 32768), (ce_rows,)],
+            f32,
+            ints={1: 32768},
+            label=f"cross_entropy {ce_rows}×32k",
         ),
     ]
 

@@ -38,6 +38,7 @@ def cases(quick):
     rows, cols = (256, 2048) if quick else (16384, 8192)
     long_rows, long_cols = (8, 65536) if quick else (512, 262144)
     b, seq = (1, 64) if quick else (4, 2048)
+    ce_rows, ce_vocabs = (64, (32768,)) if quick else (4096, (32768, 131072))
     f32, bf16 = torch.float32, torch.bfloat16
 
     def copy_bytes(inputs, out):  # read x, write y
@@ -78,6 +79,18 @@ def cases(quick):
             [(b, 32, seq, 128), (b, 8, seq, 128), (seq, 128), (seq, 128)],
             bf16,
             label=f"rotary q,k {b}×32/8×{seq}×128",
+        ),
+        *(
+            bu.Case(
+                "cross_entropy",
+                bu.cross_entropy,
+                [(ce_rows, v), (ce_rows,)],
+                dt,
+                ints={1: v},
+                label=f"cross_entropy {ce_rows}×{v // 1024}k {str(dt)[6:]}",
+            )
+            for v in ce_vocabs
+            for dt in (f32, bf16)
         ),
         bu.Case("overhead", bu.chain10, [(16,)], f32, extra={"overhead": True}),
     ]

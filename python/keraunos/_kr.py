@@ -105,6 +105,27 @@ def fallback(fid, name, inputs, outputs):
     return run(fid, name, inputs, outputs)
 
 
+def check_index(index, size, dim, error):
+    """Before a CPU kernel gathers by `index`: the error eager's op raises for an index outside
+    [0, size). `error` names the op (prims.def, prim_take)."""
+    if index.numel() == 0:
+        return
+    lo, hi = torch.aminmax(index)
+    lo, hi = int(lo), int(hi)
+    if lo >= 0 and hi < size:
+        return
+    bad = lo if lo < 0 else hi
+    if error == 0:
+        raise RuntimeError(f"INDICES element is out of DATA bounds, id={bad} axis_dim={size}")
+    if error == 1:
+        raise IndexError("index out of range in self")
+    if error == 2:
+        raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+    if error == 4:
+        raise IndexError(f"Target {bad} is out of bounds.")
+    raise RuntimeError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+
+
 def manual_seed(seed):
     torch.manual_seed(seed)
 

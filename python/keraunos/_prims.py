@@ -116,12 +116,12 @@ def cat(tensors, dim):
     return torch.cat(tensors, dim)
 
 
-def take(a, index, dim):
+def take(a, index, dim, error=0):
     out = torch.index_select(a, dim, index.reshape(-1))
     return out.reshape(a.shape[:dim] + index.shape + a.shape[dim + 1 :])
 
 
-def gather(a, dim, index):
+def gather(a, dim, index, error=3):
     return torch.gather(a, dim, index)
 
 

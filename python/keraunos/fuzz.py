@@ -159,6 +159,8 @@ def _candidate(prog: Program, tensors: dict, fresh: str) -> str:
                 f"{fresh} = torch.cat([{x}, {x} * 2], {d})",
                 f"{fresh} = torch.cat([-{x}[..., 1:], {x}[..., :1].exp()], -1)",
                 f"{fresh} = torch.stack([{x}, {x}.sin()], {rng.randrange(nd + 1)})",
+                f"{fresh} = {x}[[0, -1, 0]] * 2",
+                f"{fresh} = ((({x} * 10).long() // 3) % 5).float() + {x}",
             ]
         return rng.choice(opts)
     return f"{fresh} = torch.randn({tuple(t.shape)}, device={prog.params[0]}.device)"

@@ -32,10 +32,7 @@ def _fused(fn, *args, fusion_type, kernels=1, **kw):
     jf = check(fn, *args, fusion_type=fusion_type, **kw)
     prog = _program(jf)
     assert "torch.cat" not in prog and "torch.stack" not in prog, prog
-    # (The dataflow partition lets a symbol join one of its producers' regions: the parts of a
-    # cat computed independently stay kernels of their own there.)
-    if fusion_type == "consecutive":
-        assert len(keraunos.last_traces(jf)[-1].kernels) == kernels, prog
+    assert len(keraunos.last_traces(jf)[-1].kernels) == kernels, prog
     return jf
 
 

@@ -63,6 +63,18 @@ def dead_mutation():
     torch.randn(4).sin_()
 
 
+def sibling_regions(x, y):
+    # dataflow: the cat joins both parts' regions (nothing between them reads from them).
+    return torch.cat([x.sin(), y * 2]).exp()
+
+
+def sibling_regions_with_a_path_between(x, w):
+    # a -> matmul -> b -> c and a -> c: a's region and b's cannot merge around the matmul.
+    a = x.sin()
+    b = (a @ w).cos()
+    return a + b
+
+
 PATTERNS = {
     "chain_around_matmul": (chain_around_matmul, lambda: (torch.randn(4, 4), torch.randn(4, 4))),
     "independent_branches": (independent_branches, lambda: (torch.randn(3), torch.randn(3))),
@@ -75,6 +87,11 @@ PATTERNS = {
     "softmax_like": (softmax_like, lambda: (torch.randn(4, 8),)),
     "mlp": (mlp, lambda: (torch.randn(2, 8), torch.randn(8, 16), torch.randn(16, 4))),
     "dead_mutation": (dead_mutation, lambda: ()),
+    "sibling_regions": (sibling_regions, lambda: (torch.randn(3), torch.randn(2))),
+    "sibling_regions_with_a_path_between": (
+        sibling_regions_with_a_path_between,
+        lambda: (torch.randn(3, 3), torch.randn(3, 3)),
+    ),
 }
 
 

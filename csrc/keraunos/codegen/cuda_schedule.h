@@ -84,6 +84,7 @@ struct Analysis {
 // Whether `ix` reads the same place for every outer point (a row's weight): it uses none of
 // the grid's variables.
 inline bool row_invariant(const Analysis& a, const Index& ix) {
+  if (!ix.affine()) return false; // an opaque part may use them (or a gathered index)
   for (const auto& [var, coef] : ix.terms)
     for (const Loop* l : a.grid.loops)
       if (l->var == var) return false;

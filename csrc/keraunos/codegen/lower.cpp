@@ -599,6 +599,50 @@ private:
     emit(kir::Stmt::of(l));
     return l.var;
   }
+  // Gathers: take (index_select along `dim`: the index's dims replace it) and gather (the
+  // index has the output's shape; it replaces the element's position along `dim`).
+  std::string take(const Node& n) {
+    const auto& a = n.b.args[0].tensor();
+    const auto& index = n.b.args[1].tensor();
+    const int64_t dim = n.b.args[2].as_int();
+    std::vector<Dim> ii(n.idx.begin() + dim, n.idx.begin() + dim + index->ndim());
+    std::vector<Dim> ai(n.idx.begin(), n.idx.begin() + dim);
+    ai.push_back(gathered(index, ii, a->shape[dim], dim, n.b.args[3].as_int()));
+    ai.insert(ai.end(), n.idx.begin() + dim + index->ndim(), n.idx.end());
+    return gen(a, ai);
+  }
+  std::string gather(const Node& n) {
+    const auto& a = n.b.args[0].tensor();
+    const int64_t dim = n.b.args[1].as_int();
+    const auto& index = n.b.args[2].tensor();
+    std::vector<Dim> ai = n.idx;
+    ai[dim] = gathered(index, n.idx, a->shape[dim], dim, n.b.args[3].as_int());
+    return gen(a, ai);
+  }
+  // The position read from `index` at `ii`, along a dim of extent `size`. The indices must be
+  // in memory before the kernel runs (a computed index tensor is materialized first): the
+  // program checks them before a CPU kernel (prim_check_index, eager's errors), and a CUDA
+  // kernel traps on one out of range, as eager's device-side assert does.
+  Dim gathered(const TensorRef& index, const std::vector<Dim>& ii, int64_t size, int64_t dim,
+               int64_t error) {
+    if (!loadable_.count(index.get())) throw Restart{index.get()};
+    kir::Expr v = kir::cast(DType::Int64, ref(gen(index, ii)));
+    if (k_.device == DeviceType::CUDA) {
+      v = kir::call("kr_check_index", {v, kir::int_lit(size, DType::Int64)}, DType::Int64);
+    } else {
+      bool seen = false;
+      for (const auto& c : call_.index_checks)
+        seen |= c.index.get() == index.get() && c.size == size && c.dim == dim && c.error == error;
+      if (!seen) call_.index_checks.push_back({index, size, dim, error});
+    }
+    Dim d;
+    d.ix.opaque = v;
+    for (const auto& x : ii) {
+      auto dx = deps_of(x);
+      d.deps.insert(dx.begin(), dx.end());
+    }
+    return d;
+  }
   std::string squeeze(const Node& n) {
     const auto& a = n.b.args[0].tensor();
     Shape dims = n.b.args[1].int_list();
@@ -668,6 +712,12 @@ private:
     }
     for (size_t s = 1; s <= place; ++s)
       if (!deps.count(scopes_[s].var) && scopes_[s].extent > 1) throw Restart{t.get()};
+    // No reduction inside a reduction's loop (a mean of per-row log-sum-exps): CUDA schedules
+    // would give the outer loop's points to the threads of one warp, each walking its row
+    // alone; materialized, the inner one gets a row schedule over the whole grid. (CPU kernels
+    // could nest them; both devices lower a region alike, KernelCall::cuda_twin.)
+    for (size_t s = 1; s <= place; ++s)
+      if (scopes_[s].kind == kir::LoopKind::Reduce) throw Restart{t.get()};
     std::string key = "reduce:" + t->name;
     for (const auto& d : idx) key += "," + d.ix.str();
     // Move the inner scopes aside, generate at `place`, put them back.
@@ -858,6 +908,8 @@ struct RuleTable {
     add(OpId::prim_permute, Accept::Any, &G::permute);
     add(OpId::prim_slice, Accept::Any, &G::slice);
     add(OpId::prim_cat, Accept::Any, &G::cat);
+    add(OpId::prim_take, Accept::Any, &G::take);
+    add(OpId::prim_gather, Accept::Any, &G::gather);
     add(OpId::prim_squeeze, Accept::Any, &G::squeeze);
     add(OpId::prim_diagonal, Accept::Any, &G::diagonal);
     add(OpId::prim_as_strided, Accept::Any, &G::as_strided);
@@ -871,8 +923,7 @@ struct RuleTable {
     add(OpId::prim_prod, Accept::NoBoolOperands, &G::reduction<kir::ReduceOp::Prod>);
     add(OpId::prim_var, Accept::FloatOperands, &G::variance);
     // Through torch.
-    torch(OpId::prim_take, "indexing by a tensor is not in kernels yet");
-    torch(OpId::prim_gather, "indexing by a tensor is not in kernels yet");
+    torch(OpId::prim_check_index, "the program's check of a CPU kernel's gather indices");
     torch(OpId::prim_index_put, "an indexed write");
     torch(OpId::prim_index_copy, "an indexed write");
     torch(OpId::prim_as_strided_scatter, "a write into a strided view");
@@ -1138,6 +1189,12 @@ LoweredRegion lower_region(const std::vector<BoundSymbol>& prims,
       }
     SegmentLowering sl(seg, seg_needed, device, prefix, &counter, record_stages);
     for (auto& c : sl.run()) {
+      for (const auto& ch : c.index_checks) {
+        Step check;
+        check.bsym.op = OpId::prim_check_index;
+        check.bsym.args = {Arg(ch.index), Arg(ch.size), Arg(ch.dim), Arg(ch.error)};
+        out.steps.push_back(std::move(check));
+      }
       Step s;
       s.kernel = static_cast<int>(out.kernels.size());
       out.kernels.push_back(std::move(c));

@@ -32,6 +32,13 @@ struct KernelCall {
   std::shared_ptr<const kir::Kernel> cuda_twin;
   // With `record_stages`: the kernel after lowering and after each kernel pass (kernel_passes.h).
   std::vector<KernelStage> stages;
+  // The index tensors a CPU kernel gathers by, which the program checks before it runs (a
+  // prim_check_index step: eager's error for an index out of range).
+  struct IndexCheck {
+    TensorRef index;
+    int64_t size, dim, error; // error: which op's error (prims.def, prim_take)
+  };
+  std::vector<IndexCheck> index_checks;
 };
 
 // One statement of a lowered region: a kernel call or a prim run through torch.

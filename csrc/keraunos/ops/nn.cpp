@@ -276,7 +276,7 @@ Arg impl_embedding(Builder& b, const Arg::List& a) {
     KR_CHECK(p >= -w->shape[0] && p < w->shape[0], Value,
              "Padding_idx must be within num_embeddings");
   }
-  return b.call(OpId::prim_take, {a[1], a[0], Arg(int64_t{0})});
+  return b.call(OpId::prim_take, {a[1], a[0], Arg(int64_t{0}), Arg(int64_t{1})});
 }
 
 Arg impl_cross_entropy(Builder& b, const Arg::List& a) {
@@ -364,11 +364,12 @@ Arg impl_cross_entropy(Builder& b, const Arg::List& a) {
   Shape kept = x->shape;
   kept[cd] = 1;
   auto idx = prim(b, OpId::prim_reshape, {Arg(safe), Arg::int_list(kept)});
-  auto picked = prim(b, OpId::prim_gather, {Arg(logp), Arg(cd), Arg(idx)});
+  auto picked = prim(b, OpId::prim_gather, {Arg(logp), Arg(cd), Arg(idx), Arg(int64_t{4})});
   auto nll = prim(b, OpId::prim_neg, {Arg(prim(b, OpId::prim_reshape, {Arg(picked), Arg::int_list(no_class)}))});
   auto wm = cvt(b, mask, cdt); // per-element weight: class weight where not ignored, else 0
   if (!a[2].is_none()) {
-    auto wt = prim(b, OpId::prim_take, {Arg(cvt(b, a[2].tensor(), cdt)), Arg(safe), Arg(int64_t{0})});
+    auto wt = prim(b, OpId::prim_take,
+                   {Arg(cvt(b, a[2].tensor(), cdt)), Arg(safe), Arg(int64_t{0}), Arg(int64_t{4})});
     wm = mul(wt, Arg(wm));
   }
   auto loss = mul(nll, Arg(wm));

@@ -28,7 +28,7 @@ inline constexpr uint32_t F = 1u << 11; // a fusion region (its members are its 
 // it (the CPU emitter splits long chains of them into stages; see cpu_emitter.cpp).
 inline constexpr uint32_t X = 1u << 12;
 // Data movement that is not a view: each output element is a copy of an input element picked
-// by its index (concatenation). Fusible; the torch executor runs it as a fresh tensor.
+// by its index (concatenation, gathers). Fusible; the torch executor runs it as a fresh tensor.
 inline constexpr uint32_t D = 1u << 13;
 } // namespace tags
 

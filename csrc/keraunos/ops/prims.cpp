@@ -215,6 +215,8 @@ Arg impl_prim_take(Builder& b, const Arg::List& a) {
   return Arg(b.new_tensor(t->dtype, t->device, shape));
 }
 
+Arg impl_prim_check_index(Builder&, const Arg::List&) { return Arg(); }
+
 Arg impl_prim_gather(Builder& b, const Arg::List& a) {
   const auto& t = a[0].tensor();
   return Arg(b.new_tensor(t->dtype, t->device, a[2].tensor()->shape));

@@ -434,7 +434,8 @@ TensorRef advanced_gather(Builder& b, const TensorRef& base,
     idx.push_back(i);
   }
   if (adv.size() == 1)
-    return b.call(OpId::prim_take, {Arg(base), Arg(idx[0]), Arg(adv[0].first)}).tensor();
+    return b.call(OpId::prim_take, {Arg(base), Arg(idx[0]), Arg(adv[0].first), Arg(int64_t{2})})
+        .tensor();
   Shape perm, rest;
   int64_t flat = 1;
   for (const auto& [d, t] : adv) {
@@ -458,7 +459,8 @@ TensorRef advanced_gather(Builder& b, const TensorRef& base,
     lin = lin ? p2(b, OpId::prim_add, Arg(lin), Arg(e)) : e;
     mult *= base->shape[adv[k].first];
   }
-  TensorRef out = b.call(OpId::prim_take, {Arg(p), Arg(lin), Arg(int64_t{0})}).tensor();
+  TensorRef out =
+      b.call(OpId::prim_take, {Arg(p), Arg(lin), Arg(int64_t{0}), Arg(int64_t{2})}).tensor();
   int64_t first = adv.front().first;
   if (adjacent(adv) && first > 0) {
     int64_t nb = static_cast<int64_t>(bshape.size());
@@ -1034,11 +1036,12 @@ Arg impl_index_select(Builder& b, const Arg::List& a) {
              "index_select(): Index to scalar can have only 1 value, got ", index->numel(),
              " value(s)");
     TensorRef r =
-        b.call(OpId::prim_take, {Arg(p_reshape(b, x, Shape{1})), Arg(idx), Arg(int64_t{0})})
+        b.call(OpId::prim_take,
+               {Arg(p_reshape(b, x, Shape{1})), Arg(idx), Arg(int64_t{0}), Arg(int64_t{0})})
             .tensor();
     return Arg(p_reshape(b, r, Shape{}));
   }
-  return b.call(OpId::prim_take, {Arg(x), Arg(idx), Arg(dim)});
+  return b.call(OpId::prim_take, {Arg(x), Arg(idx), Arg(dim), Arg(int64_t{0})});
 }
 
 static Arg cat_impl(Builder& b, const std::vector<TensorRef>& ts, int64_t dim_arg) {

@@ -98,10 +98,42 @@ PassResult partition(const Trace& trace, const PassContext& ctx) {
     for (int i = 1; i < n; ++i)
       if (can_fuse[i] && can_fuse[i - 1]) parent[find(parent, i)] = find(parent, i - 1);
   } else {
-    // A symbol joins a producer's region when every other producer comes before that region
-    // starts: then no path leaves the region and comes back through another symbol.
+    // A symbol joins all its fusible producers' regions at once when no symbol outside them,
+    // between the first of them and the symbol, reads from them: a path that left the merged
+    // region and came back would pass through such a symbol (program order is topological).
+    // `cat(a.sin(), b * 2)` is one region. Otherwise it joins one producer's region when every
+    // other producer comes before that region starts.
+    std::vector<int> in_union(n, -1);
     for (int i = 0; i < n; ++i) {
       if (!can_fuse[i]) continue;
+      std::vector<int> roots;
+      for (int p : g.producers[i])
+        if (can_fuse[p] && std::find(roots.begin(), roots.end(), find(parent, p)) == roots.end())
+          roots.push_back(find(parent, p));
+      int start = i;
+      for (int r : roots) start = std::min(start, first[r]);
+      // (The scan is bounded: a producer region that began far back is joined alone.)
+      if (roots.size() > 1 && i - start <= 4096) {
+        for (int s = start; s < i; ++s)
+          if (std::find(roots.begin(), roots.end(), find(parent, s)) != roots.end()) in_union[s] = i;
+        bool safe = true;
+        for (int s = start; s < i && safe; ++s) {
+          if (in_union[s] == i) continue;
+          for (int q : g.producers[s]) safe = safe && !(q >= start && in_union[q] == i);
+        }
+        if (safe) {
+          for (int r : roots) {
+            int root = find(parent, r);
+            int keep = find(parent, roots[0]);
+            if (root != keep) {
+              parent[root] = keep;
+              first[keep] = std::min(first[keep], first[root]);
+            }
+          }
+          parent[find(parent, i)] = find(parent, roots[0]);
+          continue;
+        }
+      }
       for (auto it = g.producers[i].rbegin(); it != g.producers[i].rend(); ++it) {
         int p = *it;
         if (!can_fuse[p]) continue;

@@ -139,6 +139,13 @@ KR_DEVICE double kr_minimum(double a, double b) { return (a != a || b != b) ? kr
 template <class T> KR_DEVICE T kr_maximum(T a, T b) { return a < b ? b : a; }
 template <class T> KR_DEVICE T kr_minimum(T a, T b) { return b < a ? b : a; }
 
+// A gather's index (codegen/lower.cpp, KernelGen::gathered): one outside [0, n) ends the kernel
+// with an error, as eager's device-side assert does, instead of reading out of bounds.
+KR_DEVICE int64_t kr_check_index(int64_t i, int64_t n) {
+  if ((uint64_t)i >= (uint64_t)n) __trap();
+  return i;
+}
+
 KR_DEVICE float kr_fmod(float a, float b) { return fmodf(a, b); }
 KR_DEVICE double kr_fmod(double a, double b) { return fmod(a, b); }
 
