@@ -176,3 +176,21 @@ def test_gather_of_empty_and_of_a_computed_index():
         atol=1e-5,
         rtol=1e-5,
     )
+
+
+@pytest.mark.parametrize("fusion_type", FUSION_TYPES)
+def test_softmax_of_a_gather_reuses_values(fusion_type):
+    # Fuzzer seed 700777: reuse_reduced_values dropped the load of the index a gather in the
+    # pointwise loop reads (its liveness ignored the load's index).
+    def f(x0):
+        v3 = x0[[0, -1, 0]] * 2
+        return v3.softmax(1), v3
+
+    check(
+        f,
+        torch.randn(4, 6, generator=_g()),
+        fusion_type=fusion_type,
+        exact=False,
+        atol=1e-6,
+        rtol=1e-5,
+    )

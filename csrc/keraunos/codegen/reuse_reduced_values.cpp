@@ -90,6 +90,7 @@ void drop_dead(kir::Block& body) {
       break;
     case kir::Stmt::Kind::Load:
       if (!live.count(s.load.var)) continue;
+      if (s.load.index.opaque) mark(s.load.index.opaque); // a gather reads its index's value
       break;
     case kir::Stmt::Kind::Store:
       live.insert(s.store.value);
