@@ -48,7 +48,8 @@ def test_embedding(fusion_type, dtype):
         lambda ids, w, pos: F.embedding(ids, w) * 2 + pos, ids, w, pos, fusion_type=fusion_type
     )
     prog = _gathers_in_kernels(jf)
-    assert "_kr.check_index" in prog  # the program checks the ids before the CPU kernel
+    # The program checks the ids before a CPU kernel; a CUDA kernel traps on a bad one.
+    assert ("_kr.check_index" in prog) == (_TEST_DEVICE == "cpu"), prog
     emb = torch.nn.Embedding(50, 16, padding_idx=0)
     check(lambda ids: emb(ids).sum(-1), ids, fusion_type=fusion_type, exact=False)
 
@@ -101,28 +102,29 @@ def test_cross_entropy(fusion_type, kw):
     x = torch.randn(16, 40, generator=_g())
     t = torch.randint(0, 40, (16,), generator=_g(1))
     t[::5] = 3
-    w = torch.rand(40, generator=_g(2)) + 0.5
-    kw = {k: (w if v == "w" else v) for k, v in kw.items()}
+    w = torch.rand(40, generator=_g(2)) + 0.5  # an argument: check moves it to the device
+
+    def args(kw, w):
+        return {k: (w if v == "w" else v) for k, v in kw.items()}
+
+    nll_kw = {k: v for k, v in kw.items() if k != "label_smoothing"}
+    tol = dict(exact=False, atol=1e-5, rtol=1e-5)
     jf = check(
-        lambda x, t: F.cross_entropy(x, t, **kw),
+        lambda x, t, w: F.cross_entropy(x, t, **args(kw, w)),
         x,
         t,
+        w,
         fusion_type=fusion_type,
-        exact=False,
-        atol=1e-5,
-        rtol=1e-5,
+        **tol,
     )
     _gathers_in_kernels(jf)
     check(
-        lambda x, t: F.nll_loss(
-            F.log_softmax(x, 1), t, **{k: v for k, v in kw.items() if k != "label_smoothing"}
-        ),
+        lambda x, t, w: F.nll_loss(F.log_softmax(x, 1), t, **args(nll_kw, w)),
         x,
         t,
+        w,
         fusion_type=fusion_type,
-        exact=False,
-        atol=1e-5,
-        rtol=1e-5,
+        **tol,
     )
 
 
@@ -143,6 +145,11 @@ def test_cross_entropy_bf16_and_3d():
     )
 
 
+@pytest.mark.skipif(
+    _TEST_DEVICE != "cpu",
+    reason="on CUDA an index out of range ends the process's CUDA context (eager's device-side "
+    "assert, keraunos's trap) and fails every later test",
+)
 def test_indices_out_of_range_raise_eagers_error():
     x = torch.randn(4, 5)
     w = torch.randn(10, 3)
