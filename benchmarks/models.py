@@ -55,30 +55,24 @@ def hf_models(s):
         g = torch.Generator().manual_seed(seed)
         return torch.randint(0, s["vocab"], (s["batch"], s["seq"]), generator=g)
 
-    def lm(config, model):
+    def lm(config, model, **extra):
         return (
-            lambda: getattr(tf, model)(getattr(tf, config)(**dec)),
+            lambda: getattr(tf, model)(getattr(tf, config)(**dec, **extra)),
             lambda: {"input_ids": ids()},
         )
 
     out = {
         "llama": lm("LlamaConfig", "LlamaForCausalLM"),
-        "mistral": (
-            lambda: tf.MistralForCausalLM(tf.MistralConfig(**dec, sliding_window=None)),
-            lambda: {"input_ids": ids()},
-        ),
+        "mistral": lm("MistralConfig", "MistralForCausalLM", sliding_window=None),
         "qwen2": lm("Qwen2Config", "Qwen2ForCausalLM"),
-        "gemma": (
-            lambda: tf.GemmaForCausalLM(tf.GemmaConfig(**dec, head_dim=s["h"] // s["heads"])),
-            lambda: {"input_ids": ids()},
-        ),
-        "phi3": (
-            lambda: tf.Phi3ForCausalLM(
-                tf.Phi3Config(
-                    **dec, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0
-                )
-            ),
-            lambda: {"input_ids": ids()},
+        "gemma": lm("GemmaConfig", "GemmaForCausalLM", head_dim=s["h"] // s["heads"]),
+        "phi3": lm(
+            "Phi3Config",
+            "Phi3ForCausalLM",
+            pad_token_id=0,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attention_dropout=0.0,
         ),
         "gpt2": (
             lambda: tf.GPT2LMHeadModel(

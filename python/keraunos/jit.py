@@ -65,6 +65,11 @@ def _fusion_default() -> bool:
     return _C.option("fusion")
 
 
+def _dump_options() -> set[str]:
+    """What KERAUNOS_DUMP asks to print (comma-separated)."""
+    return {s.strip() for s in _C.option("dump").split(",")}
+
+
 def build_program(trace, name="program", prims=False, fusion=False, kernels_out=None):
     """Python source of `trace` and the function it defines. With `fusion`, regions on CPU
     tensors become generated kernels (the program calls them by name; `kernels_out`, a list,
@@ -80,7 +85,9 @@ def build_program(trace, name="program", prims=False, fusion=False, kernels_out=
         _cuda.configure()  # where NVRTC is, for CUDA regions
         check_cuda = _C.option("check_cuda_codegen")
         try:
-            src, kernels = _C.fused_program(trace, name, True, True, check_cuda)
+            src, kernels = _C.fused_program(
+                trace, name, True, True, check_cuda, "kernels" in _dump_options()
+            )
         except _C.CpuCompilerUnavailable as e:
             if not _warned_no_compiler:
                 _warned_no_compiler = True
@@ -246,7 +253,7 @@ class JittedFunction(_C.Dispatcher):
             st.last_pass_ms[t.stage] = st.last_pass_ms.get(t.stage, 0.0) + t.ms
         st.last_pass_ms["codegen"] = cg_ms
         st.compile_ms += (time.perf_counter() - t_start) * 1e3
-        dump = {s.strip() for s in _C.option("dump").split(",")}
+        dump = _dump_options()
         if "traces" in dump:
             for t in self._traces:
                 print(t)

@@ -19,6 +19,22 @@ from keraunos.testing import (  # noqa: E402
 
 _TEST_DEVICE = os.environ.get("KERAUNOS_TEST_DEVICE", "cpu")
 
+# For test modules about generated kernels: `pytestmark = KERNEL_TESTS` skips them without a C++
+# compiler (on the CPU) and has every CPU kernel's CUDA twin generated and compiled (NVRTC,
+# when present) too.
+KERNEL_TESTS = [
+    pytest.mark.skipif(
+        _TEST_DEVICE == "cpu" and not keraunos._C.cpu_compiler_info()["available"],
+        reason="kernels need a C++ compiler",
+    ),
+    pytest.mark.usefixtures("cuda_twins"),
+]
+
+
+@pytest.fixture
+def cuda_twins(monkeypatch):
+    monkeypatch.setenv("KERAUNOS_CHECK_CUDA_CODEGEN", "1")
+
 
 def _to_device(obj, device):
     """Copies the tensors of obj to device, keeping which ones share storage (views stay

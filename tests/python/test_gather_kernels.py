@@ -11,19 +11,11 @@ import torch
 import torch.nn.functional as F
 
 import keraunos
-from harness import _TEST_DEVICE, check
+from harness import _TEST_DEVICE, KERNEL_TESTS, check, cuda_twins  # noqa: F401
 
-pytestmark = pytest.mark.skipif(
-    _TEST_DEVICE == "cpu" and not keraunos._C.cpu_compiler_info()["available"],
-    reason="kernels need a C++ compiler",
-)
+pytestmark = KERNEL_TESTS
 
 FUSION_TYPES = ("consecutive", "dataflow")
-
-
-@pytest.fixture(autouse=True)
-def _cuda_twins(monkeypatch):
-    monkeypatch.setenv("KERAUNOS_CHECK_CUDA_CODEGEN", "1")
 
 
 def _gathers_in_kernels(jf):

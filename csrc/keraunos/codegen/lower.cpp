@@ -40,10 +40,10 @@ bool int_by_constant(const BoundSymbol& b) {
   const DType d = b.args[0].tensor()->dtype;
   if (!is_int(d)) return false;
   const int64_t v = b.args[1].as_int();
+  if (v == 0 || v == -1) return false;
+  if (d == DType::UInt8) return v > 0 && v <= 255;
   const int bits = 8 * itemsize(d);
-  const int64_t lo = d == DType::UInt8 ? 0 : (bits == 64 ? INT64_MIN : -(int64_t{1} << (bits - 1)));
-  const int64_t hi = d == DType::UInt8 ? 255 : (bits == 64 ? INT64_MAX : (int64_t{1} << (bits - 1)) - 1);
-  return v != 0 && v != -1 && v >= lo && v <= hi;
+  return bits == 64 || (v >= -(int64_t{1} << (bits - 1)) && v < (int64_t{1} << (bits - 1)));
 }
 
 } // namespace

@@ -220,14 +220,12 @@ void bind_fusion(nb::module_& m) {
   m.def(
       "fused_program",
       [](const Trace& trace, const std::string& name, bool cpu_fusion, bool cuda_fusion,
-         bool check_cuda_codegen) {
+         bool check_cuda_codegen, bool kernel_stages) {
         codegen::FusionOptions opt;
         opt.cpu = cpu_fusion;
         opt.cuda = cuda_fusion;
         opt.cuda_twins = check_cuda_codegen;
-        std::string dump = options::text("dump"); // KERAUNOS_DUMP=kernels: every kernel pass
-        std::replace(dump.begin(), dump.end(), ',', ' ');
-        for (const auto& w : options::split_words(dump)) opt.kernel_stages |= w == "kernels";
+        opt.kernel_stages = kernel_stages;
         codegen::FusedProgram fp = codegen::fused_program(trace, name, opt);
         nb::module_ torch = nb::module_::import_("torch");
         nb::object empty_strided = torch.attr("empty_strided");
@@ -310,5 +308,6 @@ void bind_fusion(nb::module_& m) {
         }
         return nb::make_tuple(fp.source, objs);
       },
-      "trace"_a, "name"_a, "cpu"_a = true, "cuda"_a = true, "check_cuda_codegen"_a = false);
+      "trace"_a, "name"_a, "cpu"_a = true, "cuda"_a = true, "check_cuda_codegen"_a = false,
+      "kernel_stages"_a = false);
 }
