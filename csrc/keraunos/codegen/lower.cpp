@@ -420,10 +420,13 @@ private:
   // Integer division by a constant d (Accept::FloatOrIntByConstant), as eager computes it:
   // C's truncating / and % (div, fmod), floored for floor_divide and remainder (the result of
   // remainder takes the divisor's sign). Floats call the prim's helper.
+  // Integers narrower than 32 bits divide in int32, C's own promotion made explicit: NVRTC
+  // (CUDA 13) miscompiles an int8 division by +-2 kept in 8 bits (the byte is not sign
+  // extended: -1 // 2 gave 127 on the H200).
   std::string division(const Node& n) {
     if (is_float(operand_dtype(n.b))) return call_op(n);
     using K = kir::ExprKind;
-    const DType c = in_c(n);
+    const DType c = wide_int(in_c(n));
     const int64_t d = n.b.args[1].as_int();
     kir::Expr x = arg(n, 0, c), dl = kir::int_lit(d, c), zero = kir::int_lit(0, c);
     kir::Expr q = kir::binary(K::Div, x, dl), r = kir::binary(K::Mod, x, dl);
@@ -437,10 +440,15 @@ private:
     KR_INTERNAL(n.b.op == OpId::prim_fmod, "division: not a division prim: ", n.b.def().id_name);
     return let(n.t->dtype, r);
   }
+  static DType wide_int(DType c) {
+    return c == DType::Int8 || c == DType::UInt8 || c == DType::Int16 ? DType::Int32 : c;
+  }
   std::string div(const Node& n) {
-    if (!is_float(operand_dtype(n.b))) // truncating, by a constant (FloatOrIntByConstant)
-      return let(n.t->dtype, kir::binary(kir::ExprKind::Div, arg(n, 0, in_c(n)),
-                                         kir::int_lit(n.b.args[1].as_int(), in_c(n))));
+    if (!is_float(operand_dtype(n.b))) { // truncating, by a constant (FloatOrIntByConstant)
+      const DType c = wide_int(in_c(n));
+      return let(n.t->dtype, kir::binary(kir::ExprKind::Div, arg(n, 0, c),
+                                         kir::int_lit(n.b.args[1].as_int(), c)));
+    }
     // A divisor computed once outside the current loop (softmax's sum, a mean's count):
     // multiply by its reciprocal, as eager's softmax kernels do, instead of dividing each
     // element (a division costs several multiplications). Differs by at most one ulp.
