@@ -126,6 +126,13 @@ def check_index(index, size, dim, error):
     raise RuntimeError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
 
 
+def seed(device):
+    """The seed of a kernel's random draws (prims.def, prim_seed): drawn from torch's generator
+    of `device`, so torch.manual_seed makes a program's draws reproducible and each call draws
+    new ones (on CUDA without a host synchronization)."""
+    return torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64, device=device)
+
+
 def manual_seed(seed):
     torch.manual_seed(seed)
 

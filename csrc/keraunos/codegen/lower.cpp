@@ -4,6 +4,7 @@
 
 #include "keraunos/ir/error.h"
 #include "keraunos/ops/meta.h"
+#include "keraunos/support/options.h"
 
 #include <algorithm>
 #include <array>
@@ -197,6 +198,25 @@ struct Scope {
 
 class KernelGen;
 
+// The random draws of a segment (kernel_random): one seed for all of its kernels, drawn by a
+// prim_seed step before the first, and a stream per random tensor (its producer's position in
+// the segment), so a tensor recomputed by two kernels draws the same numbers in both.
+struct RandomDraws {
+  std::string name; // the seed's name in the program
+  DeviceType device;
+  TensorRef seed;   // created by the first draw
+  const TensorRef& seed_of(const Device& dev) {
+    if (!seed) {
+      auto t = std::make_shared<TensorProxy>();
+      t->name = name;
+      t->dtype = DType::Int64;
+      t->device = dev;
+      seed = t;
+    }
+    return seed;
+  }
+};
+
 // One element of a prim's result to compute: the result, its producer, the index.
 struct Node {
   const TensorRef& t;
@@ -215,6 +235,7 @@ enum class Accept : uint8_t {
                       // of out-of-range values differ between its kernels
   NoHalfResult,    // iota in float16/bfloat16 (eager computes it in the output dtype)
   NoBoolOperands,  // prod of bools
+  Random,          // float draws, with the kernel_random option (support/options.cpp)
   Never,           // runs through torch: `torch` says why
 };
 
@@ -235,8 +256,10 @@ class KernelGen {
 public:
   KernelGen(const std::unordered_map<const TensorProxy*, const BoundSymbol*>& producer,
             const std::unordered_set<const TensorProxy*>& loadable, kir::Kernel& k,
-            KernelCall& call)
-      : producer_(producer), loadable_(loadable), k_(k), call_(call) {
+            KernelCall& call, RandomDraws& random,
+            const std::unordered_map<const TensorProxy*, int>& position)
+      : producer_(producer), loadable_(loadable), k_(k), call_(call), random_(random),
+        position_(position) {
     scopes_.emplace_back();
   }
 
@@ -514,6 +537,34 @@ private:
     return let(n.t->dtype, kir::binary(K::Add, literal(n.b.args[1], oc),
                                        kir::binary(K::Mul, literal(n.b.args[2], oc), i)));
   }
+  // Random draws (kernel_random): the element's row-major position in the drawn tensor is the
+  // Philox counter, the segment's seed the key (kr_cpu.h, kr_philox).
+  std::string random(const Node& n, bool normal) {
+    const TensorRef& seed = random_.seed_of(n.t->device);
+    kir::Expr key = ref(load(seed, {}));
+    kir::Expr off = linear(n.idx, contiguous_strides(n.b.args[0].int_list())).ix.expr();
+    kir::Expr stream = kir::int_lit(position_.at(n.t.get()), DType::Int64);
+    const DType c = out_c(n);
+    const bool f64 = c == DType::Float64;
+    kir::Expr r;
+    if (normal) {
+      r = kir::call(f64 ? "kr_philox_normal64" : "kr_philox_normal", {key, off, stream}, c);
+    } else if (f64) {
+      r = kir::call("kr_philox_uniform64", {key, off, stream}, c);
+    } else {
+      const int64_t bits = n.t->dtype == DType::BFloat16 ? 8 : n.t->dtype == DType::Float16 ? 11 : 24;
+      r = kir::call("kr_philox_uniform", {key, off, stream, kir::int_lit(bits, DType::Int64)}, c);
+    }
+    // low + (high - low) * u, mean + std * z; rand, randn and dropout's draws skip it.
+    const double a = n.b.args[1].as_double(), b = n.b.args[2].as_double();
+    const double scale = normal ? b : b - a;
+    using K = kir::ExprKind;
+    if (scale != 1.0) r = kir::binary(K::Mul, kir::float_lit(scale, c), r);
+    if (a != 0.0) r = kir::binary(K::Add, kir::float_lit(a, c), r);
+    return let(n.t->dtype, r);
+  }
+  std::string uniform(const Node& n) { return random(n, false); }
+  std::string normal(const Node& n) { return random(n, true); }
   template <kir::ReduceOp R> std::string reduction(const Node& n) {
     return reduce(n.t, n.b, n.idx, R);
   }
@@ -850,6 +901,8 @@ private:
   const std::unordered_set<const TensorProxy*>& loadable_;
   kir::Kernel& k_;
   KernelCall& call_;
+  RandomDraws& random_;
+  const std::unordered_map<const TensorProxy*, int>& position_; // of each value's producer
   std::vector<Scope> scopes_;
   std::unordered_map<const TensorProxy*, int> buffers_;
   Vars vars_;
@@ -939,8 +992,9 @@ struct RuleTable {
     torch(OpId::prim_argmax, "index reductions are not in kernels yet");
     torch(OpId::prim_argmin, "index reductions are not in kernels yet");
     torch(OpId::prim_cumsum, "scans are not in kernels yet");
-    torch(OpId::prim_uniform, "random draws come from torch's generator");
-    torch(OpId::prim_normal, "random draws come from torch's generator");
+    add(OpId::prim_uniform, Accept::Random, &G::uniform);
+    add(OpId::prim_normal, Accept::Random, &G::normal);
+    torch(OpId::prim_seed, "draws a kernel's seed from torch's generator");
     torch(OpId::prim_matmul, "matrix products run in torch's libraries (tags::T)");
     torch(OpId::torch_fallback, "a torch call with no table entry");
     torch(OpId::torch_fallback_random, "a torch call with no table entry");
@@ -992,6 +1046,8 @@ bool kernel_supports(const BoundSymbol& b) {
     return !is_low_float(out);
   case Accept::NoBoolOperands:
     return !is_bool(in);
+  case Accept::Random:
+    return is_float(out) && options::flag("kernel_random");
   case Accept::Never:
     return false;
   }
@@ -1033,6 +1089,8 @@ public:
                   DeviceType device, const std::string& prefix, int* counter, bool record_stages)
       : seg_(seg), needed_(needed), device_(device), prefix_(prefix), counter_(counter),
         record_stages_(record_stages) {
+    random_.name = prefix + "seed" + std::to_string(*counter);
+    random_.device = device;
     for (size_t i = 0; i < seg.members.size(); ++i)
       for (const auto& o : seg.members[i]->outputs()) {
         producer_[o.get()] = seg.members[i];
@@ -1091,7 +1149,7 @@ private:
       kir::Kernel& k = call.kernel;
       k.name = prefix_ + std::to_string(*counter_ + local++);
       k.device = device_;
-      KernelGen gen(producer_, loadable, k, call);
+      KernelGen gen(producer_, loadable, k, call, random_, position_);
       const TensorRef& first = g.front();
       Shape ost = output_strides(first);
       // Loop order: outermost = largest output stride; size-1 dims are not looped.
@@ -1155,6 +1213,9 @@ private:
   std::unordered_map<const TensorProxy*, const BoundSymbol*> producer_;
   std::unordered_map<const TensorProxy*, int> position_;
   std::vector<kir::Buffer> out_buffers_;
+
+public:
+  RandomDraws random_;
 };
 
 } // namespace
@@ -1196,7 +1257,15 @@ LoweredRegion lower_region(const std::vector<BoundSymbol>& prims,
           seg_needed.insert(o.get());
       }
     SegmentLowering sl(seg, seg_needed, device, prefix, &counter, record_stages);
-    for (auto& c : sl.run()) {
+    std::vector<KernelCall> calls = sl.run();
+    if (const TensorRef& seed = sl.random_.seed) {
+      Step draw;
+      draw.bsym.op = OpId::prim_seed;
+      draw.bsym.args = {Arg(seed->device)};
+      draw.bsym.out = Arg(seed);
+      out.steps.push_back(std::move(draw));
+    }
+    for (auto& c : calls) {
       for (const auto& ch : c.index_checks) {
         Step check;
         check.bsym.op = OpId::prim_check_index;

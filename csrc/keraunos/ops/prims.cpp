@@ -267,6 +267,9 @@ Arg impl_prim_iota(Builder& b, const Arg::List& a) {
 Arg impl_prim_uniform(Builder& b, const Arg::List& a) {
   return Arg(b.new_tensor(a[3].as_dtype(), a[4].as_device(), a[0].int_list()));
 }
+Arg impl_prim_seed(Builder& b, const Arg::List& a) {
+  return Arg(b.new_tensor(DType::Int64, a[0].as_device(), {}));
+}
 Arg impl_prim_normal(Builder& b, const Arg::List& a) {
   return Arg(b.new_tensor(a[3].as_dtype(), a[4].as_device(), a[0].int_list()));
 }

@@ -541,6 +541,56 @@ template <int N> KR_DEVICE kr_vec<unsigned, N / 2> kr_pack_bf16(const float (&f)
   return r;
 }
 
+// ---- random draws (codegen/lower.cpp, KernelGen::uniform) -------------------------------------
+// Philox4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3",
+// SC'11; the generator of torch's CUDA draws and of cuRAND): the block at counter (offset's low
+// and high words, stream, 0) under key (seed's low and high words). A draw is a pure function
+// of (seed, offset, stream): an element recomputed in another kernel of the same region draws
+// the same number. `offset` is the element's position in its tensor (row-major), `stream`
+// tells the region's random tensors apart, the seed comes from torch's generator (prim_seed).
+struct kr_u32x4 {
+  uint32_t x, y, z, w;
+};
+KR_DEVICE kr_u32x4 kr_philox(int64_t seed, int64_t offset, int64_t stream) {
+  uint32_t c0 = (uint32_t)offset, c1 = (uint32_t)((uint64_t)offset >> 32);
+  uint32_t c2 = (uint32_t)stream, c3 = 0;
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)p1;
+    c3 = (uint32_t)p0;
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  kr_u32x4 out = {c0, c1, c2, c3};
+  return out;
+}
+// Uniform on [0, 1) with `bits` random bits (24 for float32, 11 for float16, 8 for bfloat16:
+// every value is exact in the result's dtype, so none rounds up to 1).
+KR_DEVICE float kr_philox_uniform(int64_t seed, int64_t offset, int64_t stream, int64_t bits) {
+  uint32_t x = kr_philox(seed, offset, stream).x;
+  return (float)(x >> (32 - bits)) * (1.0f / (float)(1u << bits));
+}
+KR_DEVICE double kr_philox_uniform64(int64_t seed, int64_t offset, int64_t stream) {
+  kr_u32x4 r = kr_philox(seed, offset, stream);
+  return (double)(((uint64_t)r.x << 21) | (r.y >> 11)) * 0x1p-53;
+}
+// Standard normal by Box-Muller: u1 in (0, 1] (its log is finite), u2 in [0, 1).
+KR_DEVICE float kr_philox_normal(int64_t seed, int64_t offset, int64_t stream) {
+  kr_u32x4 r = kr_philox(seed, offset, stream);
+  float u1 = (float)((r.x >> 8) + 1u) * 0x1p-24f;
+  float u2 = (float)(r.y >> 8) * 0x1p-24f;
+  return kr_sqrt(-2.0f * kr_log(u1)) * kr_cos(6.28318530717958648f * u2);
+}
+KR_DEVICE double kr_philox_normal64(int64_t seed, int64_t offset, int64_t stream) {
+  kr_u32x4 r = kr_philox(seed, offset, stream);
+  double u1 = (double)((((uint64_t)r.x << 21) | (r.y >> 11)) + 1u) * 0x1p-53;
+  double u2 = (double)(((uint64_t)r.z << 21) | (r.w >> 11)) * 0x1p-53;
+  return kr_sqrt(-2.0 * kr_log(u1)) * kr_cos(6.28318530717958647692 * u2);
+}
 
 #undef KR_DEVICE
 #endif // KERAUNOS_KR_CUDA_CUH
