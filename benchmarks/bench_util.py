@@ -102,6 +102,23 @@ def cross_entropy(logits, target):
     return F.cross_entropy(logits, target)
 
 
+def dropout_residual(x, residual):
+    """A transformer block's `residual + dropout(h)` in training mode."""
+    return residual + F.dropout(x, 0.1, training=True)
+
+
+def check_dropout_residual(out, ref, inputs):
+    """Draws differ between competitors (each has its own generator): every element must be
+    the residual or the residual plus x / 0.9, about 10% the former."""
+    x, residual = inputs
+    kept = out != residual
+    want = torch.where(kept, residual + x / 0.9, residual)
+    rate = 1 - kept.float().mean().item()
+    if abs(rate - 0.1) > 0.01:
+        return f"MISMATCH: dropped {rate:.4f} of the elements, not 0.1"
+    return check(out, want)
+
+
 def rotary(q, k, cos, sin):
     """HF's apply_rotary_pos_emb (Llama): rotate_half is two slices and a cat."""
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
@@ -130,6 +147,8 @@ class Case:
     extra: dict = field(default_factory=dict)
     # input position -> n: that input holds int64 class indices in [0, n) (a loss's target)
     ints: dict = field(default_factory=dict)
+    # check(out, eager's out, inputs) -> 'ok' or why not; default: equal to eager's
+    check: Callable | None = None
 
     def __post_init__(self):
         if not self.label:
@@ -244,7 +263,7 @@ def bench_case(case, device, rounds, round_s, max_iters=10_000, log=print):
             sync(device)
             r["first_call_s"] = time.perf_counter() - t  # in-process, caches as they are
             if kind != "eager":
-                r["check"] = check(out, ref)
+                r["check"] = case.check(out, ref, inputs) if case.check else check(out, ref)
             del out
             for _ in range(2):
                 run(*inputs)

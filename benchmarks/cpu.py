@@ -79,6 +79,13 @@ def cases(quick):
             label=f"rotary q,k {b}×8/2×{seq}×64",
         ),
         bu.Case(
+            "dropout_residual",
+            bu.dropout_residual,
+            [(n,), (n,)],
+            f32,
+            check=bu.check_dropout_residual,
+        ),
+        bu.Case(
             "cross_entropy",
             bu.cross_entropy,
             [(ce_rows, 32768), (ce_rows,)],

@@ -80,6 +80,14 @@ def cases(quick):
             bf16,
             label=f"rotary q,k {b}×32/8×{seq}×128",
         ),
+        bu.Case(
+            "dropout_residual",
+            bu.dropout_residual,
+            [(b * seq, 4096)] * 2,
+            bf16,
+            check=bu.check_dropout_residual,
+            label=f"dropout_residual {b * seq}×4096",
+        ),
         *(
             bu.Case(
                 "cross_entropy",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 
 import torch
@@ -159,6 +160,28 @@ def _fp64_judgement(fn, args, kwargs, seed, actual, expected) -> str | None:
 REFUSED = "refused: order-dependent in-place overlap"
 
 
+@contextlib.contextmanager
+def eager_random(on=True):
+    """Random draws through torch (eager's numbers) while compiling inside the block, for
+    comparisons of random numbers with eager's under one seed (the kernel_random option)."""
+    global _EAGER_RANDOM_DEPTH
+    if not on:
+        yield
+        return
+    if _EAGER_RANDOM_DEPTH == 0:
+        keraunos.set_option("kernel_random", False)
+    _EAGER_RANDOM_DEPTH += 1
+    try:
+        yield
+    finally:
+        _EAGER_RANDOM_DEPTH -= 1
+        if _EAGER_RANDOM_DEPTH == 0:
+            keraunos.set_option("kernel_random", None)
+
+
+_EAGER_RANDOM_DEPTH = 0  # nested eager_random blocks: the outermost sets and clears the option
+
+
 def compare(
     fn,
     args,
@@ -200,7 +223,8 @@ def compare(
     else:
         runner = keraunos.jit(fn, fusion_type=fusion_type)
     try:
-        actual = runner(*jit_args[0], **jit_args[1])
+        with eager_random(seed is not None):
+            actual = runner(*jit_args[0], **jit_args[1])
     except Exception as e:
         if eager_error is not None and isinstance(e, type(eager_error)):
             return None

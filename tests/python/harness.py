@@ -14,6 +14,7 @@ from keraunos.testing import (  # noqa: E402
     FUSED_FLOAT_TOLERANCE,
     alias_pattern,
     clone_args,
+    eager_random,
     fused_tolerance,
 )  # noqa: E402
 
@@ -29,6 +30,13 @@ KERNEL_TESTS = [
     ),
     pytest.mark.usefixtures("cuda_twins"),
 ]
+
+
+@pytest.fixture
+def eager_draws():
+    """For tests that compare random numbers with eager's: draws through torch."""
+    with eager_random():
+        yield
 
 
 @pytest.fixture
@@ -128,7 +136,9 @@ def check(
         return jf
     if seed is not None:
         torch.manual_seed(seed)
-    actual = jf(*jit_args[0], **jit_args[1])
+    # A seeded check compares random numbers with eager's: the draws come from torch.
+    with eager_random(seed is not None):
+        actual = jf(*jit_args[0], **jit_args[1])
     assert_same(actual, expected, exact=exact, atol=atol, rtol=rtol)
     assert_same(jit_args, eager_args, exact=exact, atol=atol, rtol=rtol, what="input after call")
     if check_alias:

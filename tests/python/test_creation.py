@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import keraunos
-from harness import check, check_prims
+from harness import check, check_prims, eager_draws  # noqa: F401
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 ALL = FLOATS + [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
@@ -238,6 +238,7 @@ def test_random_like(name):
         keraunos.jit(lambda a: f(a))(torch.zeros(2, dtype=torch.long))
 
 
+@pytest.mark.usefixtures("eager_draws")
 @pytest.mark.parametrize("name", ["rand", "randn"])
 def test_random_matches_eager_generator(name):
     f = getattr(torch, name)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import keraunos
-from harness import check
+from harness import check, eager_draws  # noqa: F401
 
 
 def _program(jf) -> str:
@@ -157,6 +157,7 @@ def test_fallback_with_grad_runs_under_autograd():
     torch.testing.assert_close(x.grad, x2.grad)
 
 
+@pytest.mark.usefixtures("eager_draws")
 def test_manual_seed_is_replayed_on_every_call():
     def f(x):
         torch.manual_seed(42)
@@ -176,6 +177,7 @@ def test_manual_seed_is_replayed_on_every_call():
     assert "_kr.manual_seed(42)" in _program(jf)
 
 
+@pytest.mark.usefixtures("eager_draws")
 def test_rng_state_save_and_restore_is_replayed():
     def f(x):
         state = torch.get_rng_state()

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import keraunos
-from harness import check, check_prims
+from harness import check, check_prims, eager_draws  # noqa: F401
 
 FUSIONS = ["consecutive", "dataflow"]
 
@@ -137,6 +137,7 @@ def _needs_none_return():
         )
 
 
+@pytest.mark.usefixtures("eager_draws")
 @pytest.mark.parametrize("fusion_type", FUSIONS)
 @pytest.mark.parametrize("returns", [True, False])
 def test_bug_report_random_inplace(fusion_type, returns):

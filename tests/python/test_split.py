@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import keraunos
-from harness import _TEST_DEVICE, _to_device, assert_same, check
+from harness import _TEST_DEVICE, _to_device, assert_same, check, eager_draws  # noqa: F401
 from keraunos.testing import clone_args
 
 
@@ -102,6 +102,7 @@ def test_aliased_inputs_across_a_point():
         assert_same(base, base2, what="input after call")
 
 
+@pytest.mark.usefixtures("eager_draws")
 def test_random_numbers_match_eager_across_points():
     def f(x):
         torch.manual_seed(7)

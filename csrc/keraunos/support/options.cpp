@@ -43,7 +43,7 @@ constexpr Option kOptions[] = {
     {"cuda_tune", "KERAUNOS_CUDA_TUNE", Kind::Tuning, "", nullptr,
      "CUDA schedule parameters for experiments, 'key=value,...' (keys: "
      "keraunos.options()['cuda_tune']['keys']); read when a device's parameters are queried."},
-    {"kernel_random", "KERAUNOS_KERNEL_RANDOM", Kind::Flag, "0", nullptr,
+    {"kernel_random", "KERAUNOS_KERNEL_RANDOM", Kind::Flag, "1", nullptr,
      "Random draws (torch.rand, randn, dropout, ...) computed by the kernels they fuse into, "
      "with a counter-based generator (Philox4x32-10) seeded from torch's generator: "
      "reproducible under torch.manual_seed but not eager's numbers; off, they come from torch "
