@@ -2,7 +2,7 @@
 #include "keraunos/ir/error.h"
 #include "keraunos/ops/builder.h"
 #include "keraunos/ops/op_table.h"
-#include "keraunos/ops/schema.h"
+#include "keraunos/ir/schema.h"
 
 #include <gtest/gtest.h>
 

@@ -13,7 +13,7 @@
 // their load and store; see kernel_ir.h).
 #pragma once
 #include "keraunos/ir/types.h"
-#include "keraunos/ops/op_table.h"
+#include "keraunos/ir/symbols.h"
 
 #include <cstdint>
 #include <functional>

@@ -3,7 +3,7 @@
 // and the user's source location.
 #pragma once
 #include "keraunos/ir/value.h"
-#include "keraunos/ops/op_table.h"
+#include "keraunos/ir/symbols.h"
 
 #include <memory>
 #include <string>

@@ -70,7 +70,7 @@ std::string verify(const Trace& trace, const VerifyOptions& opts) {
           defined.insert(t.get());
         }
         if (opts.reinfer) {
-          Arg inferred = reinfer(m, opts.builder);
+          Arg inferred = opts.reinfer(m);
           std::vector<TensorRef> re;
           if (!m.def().is_inplace()) inferred.collect_tensors(re);
           auto outs = m.outputs();
@@ -91,7 +91,7 @@ std::string verify(const Trace& trace, const VerifyOptions& opts) {
     if (opts.reinfer && !d.has(tags::Ret)) {
       Arg inferred;
       try {
-        inferred = reinfer(b, opts.builder);
+        inferred = opts.reinfer(b);
       } catch (const std::exception& e) {
         return "re-inferring failed (" + where + "): " + e.what();
       }

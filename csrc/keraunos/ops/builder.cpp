@@ -1,6 +1,7 @@
 #include "keraunos/ops/builder.h"
 
 #include "keraunos/ir/error.h"
+#include "keraunos/ops/op_table.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -74,7 +75,7 @@ Arg Builder::call(OpId op, Arg::List args, std::shared_ptr<const SourceLoc> loc)
   scopes_.push_back(&b.subsymbols);
   Arg result;
   try {
-    result = d.impl(*this, b.args);
+    result = op_impl(op)(*this, b.args);
   } catch (...) {
     scopes_.pop_back();
     throw;
@@ -155,7 +156,7 @@ Trace Builder::finish() {
 
 Arg reinfer(const BoundSymbol& bsym, const BuilderOptions& opts) {
   Builder scratch(opts);
-  return bsym.def().impl(scratch, bsym.args);
+  return op_impl(bsym.op)(scratch, bsym.args);
 }
 
 } // namespace keraunos

@@ -5,71 +5,30 @@
 #include "keraunos/ops/mutation.h"
 
 #include <array>
-#include <string>
-#include <unordered_map>
 
 namespace keraunos {
 
 namespace {
 
-// In-place variants share their base op's schema (with the name changed) and run the base
-// op's implementation followed by a write into the first argument.
+// In-place variants run the base op's implementation followed by a write into the first
+// argument.
 Arg inplace_impl(Builder& b, OpId self, const Arg::List& args);
 
 template <OpId Self> Arg inplace_thunk(Builder& b, const Arg::List& args) {
   return inplace_impl(b, Self, args);
 }
 
-struct Table {
-  std::array<OpDef, kNumOps> defs;
-  std::unordered_map<std::string_view, OpId> by_name;
+struct Impls {
+  std::array<ImplFn, kNumOps> fns{};
 
-  Table() {
-    auto strip = [](std::string_view s) {
-      return s.substr(0, 5) == "prim_" ? s.substr(5) : s;
-    };
-#define KR_OP(id_, schema_, tg, torch_fn_)                                                         \
-  {                                                                                                \
-    OpDef& d = defs[static_cast<int>(OpId::id_)];                                                  \
-    d.id = OpId::id_;                                                                              \
-    d.id_name = #id_;                                                                              \
-    d.name = strip(#id_);                                                                          \
-    d.schema = parse_schema(schema_);                                                              \
-    d.tags = (tg);                                                                                 \
-    d.torch_fn = torch_fn_;                                                                        \
-    d.impl = &ops::impl_##id_;                                                                     \
-  }
-#define KR_INPLACE(id_, base, torch_fn_)
-#include "keraunos/ops/ops.def"
+  Impls() {
+#define KR_OP(id_, schema_, tg, torch_fn_) fns[static_cast<int>(OpId::id_)] = &ops::impl_##id_;
+#define KR_INPLACE(id_, base, torch_fn_) fns[static_cast<int>(OpId::id_)] = &inplace_thunk<OpId::id_>;
+#include "keraunos/ir/ops.def"
 #undef KR_OP
 #undef KR_INPLACE
-#define KR_OP(id_, schema_, tg, torch_fn_)
-#define KR_INPLACE(id_, base, torch_fn_)                                                            \
-  {                                                                                                \
-    OpDef& d = defs[static_cast<int>(OpId::id_)];                                                  \
-    const OpDef& bd = defs[static_cast<int>(OpId::base)];                                          \
-    d.id = OpId::id_;                                                                              \
-    d.id_name = #id_;                                                                              \
-    d.name = #id_;                                                                                 \
-    d.schema = bd.schema;                                                                          \
-    d.schema.name = #id_;                                                                          \
-    d.schema.returns = "Tensor(a!)";                                                               \
-    d.tags = (bd.tags & ~(tags::E | tags::R)) | tags::I;                                           \
-    d.torch_fn = torch_fn_;                                                                        \
-    d.impl = &inplace_thunk<OpId::id_>;                                                            \
-    d.inplace_of = OpId::base;                                                                     \
-  }
-#include "keraunos/ops/ops.def"
-#undef KR_OP
-#undef KR_INPLACE
-    for (const auto& d : defs) by_name.emplace(d.id_name, d.id);
   }
 };
-
-const Table& table() {
-  static const Table t;
-  return t;
-}
 
 Arg inplace_impl(Builder& b, OpId self, const Arg::List& args) {
   const OpDef& d = op_def(self);
@@ -90,20 +49,10 @@ Arg inplace_impl(Builder& b, OpId self, const Arg::List& args) {
 
 } // namespace
 
-std::string OpDef::qualified_name() const {
-  if (has(tags::Ret)) return "return";
-  return std::string(is_prim() ? "prims." : "ltorch.") + std::string(name);
-}
-
-const OpDef& op_def(OpId id) {
+ImplFn op_impl(OpId id) {
+  static const Impls impls;
   KR_INTERNAL(static_cast<int>(id) < kNumOps, "bad op id");
-  return table().defs[static_cast<int>(id)];
-}
-
-const OpDef* find_op(std::string_view id_name) {
-  const auto& m = table().by_name;
-  auto it = m.find(id_name);
-  return it == m.end() ? nullptr : &op_def(it->second);
+  return impls.fns[static_cast<int>(id)];
 }
 
 } // namespace keraunos

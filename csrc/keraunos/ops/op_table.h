@@ -1,77 +1,23 @@
-// The op set: one table (the X-macro lists in ops/*.def) from which the OpId enum, names,
-// schemas, tags, torch callables and implementations come. A switch over OpId has no
-// `default:`, so the compiler flags an op that a pass forgot.
+// The op table's implementations: for each symbol of ir/symbols.h, the function that records
+// its decomposition through the builder (or, for a prim, its meta function).
 #pragma once
-#include "keraunos/ops/schema.h"
-
-#include <cstdint>
-#include <string_view>
+#include "keraunos/ir/symbols.h"
 
 namespace keraunos {
 
 class Builder;
 
-namespace tags {
-inline constexpr uint32_t E = 1u << 0;  // elementwise
-inline constexpr uint32_t R = 1u << 1;  // reduction
-inline constexpr uint32_t V = 1u << 2;  // view: the output aliases an input's storage
-inline constexpr uint32_t I = 1u << 3;  // in-place: writes its first tensor argument
-inline constexpr uint32_t N = 1u << 4;  // random
-inline constexpr uint32_t S = 1u << 5;  // side effect
-inline constexpr uint32_t P = 1u << 6;  // prim: no decomposition
-inline constexpr uint32_t C = 1u << 7;  // creation (no tensor inputs)
-inline constexpr uint32_t T = 1u << 8;  // opaque: runs through torch only (matmul class)
-inline constexpr uint32_t Ret = 1u << 9; // the return statement
-inline constexpr uint32_t M = 1u << 10; // index remap (broadcast, reshape, permute, slice, ...)
-inline constexpr uint32_t F = 1u << 11; // a fusion region (its members are its subsymbols)
-// Costly per element: a transcendental (tens of dependent instructions). Kernel schedules use
-// it (the CPU emitter splits long chains of them into stages; see cpu_emitter.cpp).
-inline constexpr uint32_t X = 1u << 12;
-// Data movement that is not a view: each output element is a copy of an input element picked
-// by its index (concatenation, gathers). Fusible; the torch executor runs it as a fresh tensor.
-inline constexpr uint32_t D = 1u << 13;
-} // namespace tags
-
-enum class OpId : uint16_t {
-#define KR_OP(id, schema, tg, torch_fn) id,
-#define KR_INPLACE(id, base, torch_fn) id,
-#include "keraunos/ops/ops.def"
-#undef KR_OP
-#undef KR_INPLACE
-  kNumOps
-};
-inline constexpr int kNumOps = static_cast<int>(OpId::kNumOps);
-
 // An op's implementation: records its decomposition through the builder and returns the
 // outputs. For a prim it is the meta function: checks arguments and makes the output proxies.
+// In-place variants run their base op's and write the result into their first argument.
 using ImplFn = Arg (*)(Builder&, const Arg::List&);
-
-struct OpDef {
-  OpId id;
-  std::string_view id_name; // e.g. "prim_add", "add", "add_"
-  std::string_view name;    // printed name: "add" for both prims.add and ltorch.add
-  Schema schema;
-  uint32_t tags = 0;
-  std::string_view torch_fn; // the Python callable the torch executor prints
-  ImplFn impl = nullptr;
-  OpId inplace_of = OpId::kNumOps; // for in-place variants: the out-of-place op
-
-  bool has(uint32_t t) const { return (tags & t) != 0; }
-  bool is_prim() const { return has(tags::P); }
-  bool is_inplace() const { return has(tags::I); }
-  // "prims.add" / "ltorch.add"
-  std::string qualified_name() const;
-};
-
-const OpDef& op_def(OpId id);
-// Looks an op up by id name ("add", "prim_add"); nullptr when there is none.
-const OpDef* find_op(std::string_view id_name);
+ImplFn op_impl(OpId id);
 
 // Declarations of every implementation function.
 namespace ops {
 #define KR_OP(id, schema, tg, torch_fn) Arg impl_##id(Builder&, const Arg::List&);
 #define KR_INPLACE(id, base, torch_fn)
-#include "keraunos/ops/ops.def"
+#include "keraunos/ir/ops.def"
 #undef KR_OP
 #undef KR_INPLACE
 } // namespace ops

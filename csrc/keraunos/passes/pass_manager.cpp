@@ -31,7 +31,7 @@ constexpr NamedPass kPasses[] = {
 void check(const Trace& before, const Trace& after, const char* pass, const PassContext& ctx,
            bool claimed_change, bool functional) {
   VerifyOptions vo;
-  vo.builder = ctx.builder;
+  vo.reinfer = [&](const BoundSymbol& b) { return reinfer(b, ctx.builder); };
   vo.functional = functional;
   std::string err = verify(after, vo);
   if (err.empty() && !claimed_change && before.str(false) != after.str(false)) {

@@ -145,6 +145,7 @@ NB_MODULE(_C, m) {
            [](const Trace& t, bool functional) {
              VerifyOptions o;
              o.functional = functional;
+             o.reinfer = [](const BoundSymbol& b) { return reinfer(b, BuilderOptions{}); };
              return verify(t, o);
            },
            "functional"_a = false)

@@ -1,4 +1,4 @@
-#include "keraunos/ops/schema.h"
+#include "keraunos/ir/schema.h"
 
 #include "keraunos/ir/error.h"
 
