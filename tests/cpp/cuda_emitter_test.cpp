@@ -1,7 +1,7 @@
 // The CUDA emitter: schedules picked from the loop tree, the printed kernels' structure, and
 // every kernel compiled to a CUBIN for sm_90 by NVRTC (skipped, saying why, without NVRTC).
 #include "keraunos/codegen/cuda_emitter.h"
-#include "keraunos/runtime/cuda_kernel.h"
+#include "keraunos/executors/cuda_kernel.h"
 #include "keraunos/runtime/nvrtc.h"
 #include "kir_builders.h"
 
@@ -24,7 +24,7 @@ bool has(const std::string& s, const std::string& part) { return s.find(part) !=
   do {                                                                                             \
     const runtime::Availability a = runtime::nvrtc_available();                                    \
     if (!a.available) GTEST_SKIP() << "NVRTC unavailable (set KERAUNOS_NVRTC_LIBRARY): " << a.reason; \
-    const std::string cubin = runtime::compile_cuda_kernel_cubin_only(kernel, 9, 0);               \
+    const std::string cubin = executors::compile_cuda_kernel_cubin_only(kernel, 9, 0);               \
     ASSERT_GE(cubin.size(), 4u);                                                                   \
     EXPECT_EQ(cubin.substr(0, 4), "\x7f" "ELF");                                                   \
   } while (0)

@@ -6,7 +6,7 @@
 //   KERAUNOS_NVRTC_LIBRARY=.../nvidia/cu13/lib/libnvrtc.so.13 \
 //   KERAUNOS_DEVICE_DIR=csrc/keraunos/codegen/device ./keraunos_tests --gtest_filter='CudaGpu*'
 #include "keraunos/runtime/cuda_driver.h"
-#include "keraunos/runtime/cuda_kernel.h"
+#include "keraunos/executors/cuda_kernel.h"
 #include "keraunos/runtime/nvrtc.h"
 #include "keraunos/codegen/cuda_emitter.h"
 #include "kir_builders.h"
@@ -122,7 +122,7 @@ float bf2f(uint16_t b) {
 // Runs `k` on `inputs` (host vectors of raw bytes) and returns each output's bytes.
 std::vector<std::vector<char>> run(const Kernel& k, const std::vector<std::vector<char>>& inputs,
                                    size_t misalign = 0, std::string* entry = nullptr) {
-  auto compiled = runtime::compile_cuda_kernel(k, 0);
+  auto compiled = executors::compile_cuda_kernel(k, 0);
   std::vector<std::unique_ptr<DeviceBuffer>> bufs;
   std::vector<void*> ptrs;
   size_t in = 0;
@@ -132,7 +132,7 @@ std::vector<std::vector<char>> run(const Kernel& k, const std::vector<std::vecto
     if (!b.output) bufs.back()->upload(inputs.at(in++));
     ptrs.push_back(bufs.back()->ptr());
   }
-  runtime::launch(*compiled, ptrs.data(), nullptr);
+  executors::launch(*compiled, ptrs.data(), nullptr);
   ck(test_driver()->cuCtxSynchronize(), "cuCtxSynchronize (kernel)");
   if (entry)
     *entry = misalign == 0 && !compiled->source().entry_vec.empty() ? compiled->source().entry_vec
@@ -338,8 +338,8 @@ TEST(CudaGpu, BandwidthReport) {
   const double copy_gbs = 2.0 * n * 4 / copy_ms / 1e6;
   std::printf("[bandwidth] cuMemcpyDtoD 2^28 f32: %.3f ms, %.0f GB/s\n", copy_ms, copy_gbs);
   auto report = [&](const Kernel& k, std::vector<void*> ptrs, double bytes) {
-    auto compiled = runtime::compile_cuda_kernel(k, 0);
-    const double ms = time_ms([&] { runtime::launch(*compiled, ptrs.data(), nullptr); }, 20);
+    auto compiled = executors::compile_cuda_kernel(k, 0);
+    const double ms = time_ms([&] { executors::launch(*compiled, ptrs.data(), nullptr); }, 20);
     const auto& l = compiled->source().entry_vec.empty() ? compiled->launch_config()
                                                          : compiled->launch_config_vec();
     std::printf("[bandwidth] %-14s %-9s grid %u block %ux%u: %.3f ms, %.0f GB/s = %.1f%% of copy\n",
@@ -351,7 +351,7 @@ TEST(CudaGpu, BandwidthReport) {
   // Other grid sizes for the vectorized pointwise kernels (the emitted default is one resident
   // wave): several waves, and one trip per thread.
   for (const Kernel& k : {copy_kernel(static_cast<int64_t>(n)), gelu_mul_add(1 << 14, 1 << 14)}) {
-    const auto src = codegen::emit_cuda(k, runtime::cuda_device_info(0));
+    const auto src = codegen::emit_cuda(k, executors::cuda_device_info(0));
     runtime::CudaModule m(runtime::compile_cuda_cached(src.source, k.name, 90), 0);
     const runtime::CUfunction f = m.function(src.entry_vec);
     std::vector<void*> ptrs = k.buffers.size() == 2 ? std::vector<void*>{a.ptr(), o.ptr()}

@@ -1,4 +1,4 @@
-"""The C++ core's layers (README, Layout): ir <- ops <- passes <- codegen <- runtime <- python.
+"""The C++ core's layers (README, Layout): ir <- ops <- passes <- codegen <- runtime <- executors <- python.
 A file includes headers of its own layer and of the layers below it only (support/, the
 options registry, sits just above ir/: it raises ir's errors)."""
 
@@ -6,7 +6,7 @@ import pathlib
 import re
 
 CSRC = pathlib.Path(__file__).resolve().parents[2] / "csrc" / "keraunos"
-LAYERS = ["ir", "support", "ops", "passes", "codegen", "runtime", "python"]
+LAYERS = ["ir", "support", "ops", "passes", "codegen", "runtime", "executors", "python"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"keraunos/([a-z_]+)/', re.M)
 
 

@@ -552,7 +552,8 @@ private:
     } else if (f64) {
       r = kir::call("kr_philox_uniform64", {key, off, stream}, c);
     } else {
-      const int64_t bits = n.t->dtype == DType::BFloat16 ? 8 : n.t->dtype == DType::Float16 ? 11 : 24;
+      const DType d = n.t->dtype;
+      const int64_t bits = d == DType::BFloat16 ? 8 : d == DType::Float16 ? 11 : 24;
       r = kir::call("kr_philox_uniform", {key, off, stream, kir::int_lit(bits, DType::Int64)}, c);
     }
     // low + (high - low) * u, mean + std * z; rand, randn and dropout's draws skip it.

@@ -23,7 +23,8 @@ struct Impls {
 
   Impls() {
 #define KR_OP(id_, schema_, tg, torch_fn_) fns[static_cast<int>(OpId::id_)] = &ops::impl_##id_;
-#define KR_INPLACE(id_, base, torch_fn_) fns[static_cast<int>(OpId::id_)] = &inplace_thunk<OpId::id_>;
+#define KR_INPLACE(id_, base, torch_fn_)                                                           \
+  fns[static_cast<int>(OpId::id_)] = &inplace_thunk<OpId::id_>;
 #include "keraunos/ir/ops.def"
 #undef KR_OP
 #undef KR_INPLACE

@@ -1,15 +1,13 @@
 // The fusion executors' Python face: `_C.fused_program(trace, ...)` lowers a partitioned trace,
-// compiles its kernels and returns the program source with one callable object per kernel.
+// has each kernel's executor compile it (executors/executor.h) and returns the program source
+// with one callable object per kernel.
 // A kernel object's call is the hot path: it reads its tensors through the Python C API
 // (data_ptr, stride), allocates its outputs with torch.empty_strided and runs the kernel with
 // the GIL released.
-#include "keraunos/codegen/cpu_emitter.h"
-#include "keraunos/support/options.h"
 #include "keraunos/codegen/fused_program.h"
+#include "keraunos/executors/executor.h"
 #include "keraunos/ir/error.h"
-#include "keraunos/runtime/cpu_compiler.h"
-#include "keraunos/runtime/cuda_kernel.h"
-#include "keraunos/runtime/nvrtc.h"
+#include "keraunos/support/options.h"
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
@@ -95,9 +93,8 @@ public:
   std::string cuda_check_source; // KERAUNOS_CHECK_CUDA_CODEGEN: the CUDA a CPU kernel would get
   // KERAUNOS_DUMP=kernels: (stage, listing) after lowering and after each kernel pass.
   std::vector<std::pair<std::string, std::string>> stages;
-  std::shared_ptr<cpu::CompiledLibrary> lib;
-  cpu::KernelFn fn = nullptr;
-  std::shared_ptr<runtime::CompiledCudaKernel> cuda; // set for CUDA kernels
+  std::shared_ptr<const executors::CompiledKernel> exec;
+  bool cuda = false;
   int cuda_device = -1;
   nb::object current_stream; // torch._C._cuda_getCurrentRawStream
   std::vector<InputSpec> inputs;
@@ -172,15 +169,14 @@ public:
       PyObject* st = PyObject_CallOneArg(current_stream.ptr(), dev);
       Py_DECREF(dev);
       if (!st) throw nb::python_error();
-      auto stream = reinterpret_cast<runtime::CUstream>(PyLong_AsVoidPtr(st));
+      void* stream = PyLong_AsVoidPtr(st);
       Py_DECREF(st);
-      runtime::ensure_context(cuda_device);
-      runtime::launch(*cuda, ptrs, stream);
+      exec->launch(ptrs, stream);
     } else if (work > (1 << 14)) {
       nb::gil_scoped_release release;
-      fn(ptrs, nullptr);
+      exec->launch(ptrs, nullptr);
     } else {
-      fn(ptrs, nullptr);
+      exec->launch(ptrs, nullptr);
     }
     return nb::tuple(fresh_outs);
   }
@@ -239,38 +235,43 @@ void bind_fusion(nb::module_& m) {
         if (check_cuda_codegen) {
           // CI without a GPU: every kernel also goes through the CUDA emitter and NVRTC.
           nb::gil_scoped_release release;
-          for (size_t i = 0; i < cpu_kernels.size(); ++i) {
-            kir::Kernel c = twins[i] ? *twins[i] : *cpu_kernels[i];
-            c.device = DeviceType::CUDA;
-            runtime::compile_cuda_kernel_cubin_only(c, 9, 0, &check_sources[i]);
-          }
+          for (size_t i = 0; i < cpu_kernels.size(); ++i)
+            check_sources[i] =
+                executors::check_cuda_codegen(twins[i] ? *twins[i] : *cpu_kernels[i], 9, 0);
         }
-        std::shared_ptr<cpu::CompiledLibrary> lib;
-        std::string src;
-        if (!cpu_kernels.empty()) {
-          src = codegen::emit_cpu_source(cpu_kernels);
+        // Each kernel through its device's executor: the CPU's in one library, CUDA's one by one
+        // on their device.
+        std::vector<std::shared_ptr<const executors::CompiledKernel>> compiled(fp.kernels.size());
+        {
           nb::gil_scoped_release release;
-          lib = cpu::compile_and_load(src);
+          std::vector<size_t> on_cpu;
+          for (size_t i = 0; i < fp.kernels.size(); ++i) {
+            const auto& kc = fp.kernels[i];
+            if (kc.kernel.device == DeviceType::CPU) {
+              on_cpu.push_back(i);
+              continue;
+            }
+            compiled[i] = executors::executor_for(DeviceType::CUDA)
+                              .compile({&kc.kernel}, kc.outputs.at(0)->device.index)
+                              .at(0);
+          }
+          auto cpu = executors::executor_for(DeviceType::CPU).compile(cpu_kernels, -1);
+          for (size_t c = 0; c < on_cpu.size(); ++c) compiled[on_cpu[c]] = cpu.at(c);
         }
         nb::list objs;
-        for (const auto& kc : fp.kernels) {
+        for (size_t ki = 0; ki < fp.kernels.size(); ++ki) {
+          const auto& kc = fp.kernels[ki];
           auto* k = new FusedKernel();
           k->name = kc.kernel.name;
           k->ir = kc.kernel.str();
           for (const auto& st : kc.stages) k->stages.emplace_back(st.pass, st.listing);
-          k->source = codegen::emit_cpu_kernel(kc.kernel);
+          k->exec = compiled[ki];
+          k->source = k->exec->source();
           if (kc.kernel.device == DeviceType::CUDA) {
-            int dev = kc.outputs.at(0)->device.index;
-            {
-              nb::gil_scoped_release release;
-              k->cuda = runtime::compile_cuda_kernel(kc.kernel, dev);
-            }
-            k->cuda_device = dev;
+            k->cuda = true;
+            k->cuda_device = kc.outputs.at(0)->device.index;
             k->current_stream = torch.attr("_C").attr("_cuda_getCurrentRawStream");
-            k->source = k->cuda->source().source;
           } else {
-            k->lib = lib;
-            k->fn = lib->kernel(kc.kernel.name);
             for (size_t i = 0; i < cpu_kernels.size(); ++i)
               if (cpu_kernels[i] == &kc.kernel) k->cuda_check_source = std::move(check_sources[i]);
           }

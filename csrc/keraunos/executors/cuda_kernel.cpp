@@ -1,4 +1,4 @@
-#include "keraunos/runtime/cuda_kernel.h"
+#include "keraunos/executors/cuda_kernel.h"
 #include "keraunos/support/options.h"
 
 #include "keraunos/ir/error.h"
@@ -10,7 +10,9 @@
 #include <tuple>
 #include <vector>
 
-namespace keraunos::runtime {
+namespace keraunos::executors {
+
+using namespace keraunos::runtime; // the NVRTC and driver loaders
 
 namespace {
 
@@ -109,4 +111,4 @@ std::string compile_cuda_kernel_cubin_only(const kir::Kernel& k, int major, int 
   return cubin;
 }
 
-} // namespace keraunos::runtime
+} // namespace keraunos::executors

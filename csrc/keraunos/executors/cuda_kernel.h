@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-namespace keraunos::runtime {
+namespace keraunos::executors {
 
 class CompiledCudaKernel {
 public:
@@ -25,13 +25,13 @@ public:
   const codegen::CudaLaunch& launch_config_vec() const { return launch_vec_; }
 
 private:
-  friend void launch(const CompiledCudaKernel&, void* const*, CUstream);
+  friend void launch(const CompiledCudaKernel&, void* const*, runtime::CUstream);
   codegen::CudaKernelSource source_;
   int device_;
   int num_buffers_;
-  std::unique_ptr<CudaModule> module_;
-  CUfunction fn_ = nullptr;
-  CUfunction fn_vec_ = nullptr; // nullptr when there is no vectorized variant
+  std::unique_ptr<runtime::CudaModule> module_;
+  runtime::CUfunction fn_ = nullptr;
+  runtime::CUfunction fn_vec_ = nullptr; // nullptr when there is no vectorized variant
   codegen::CudaLaunch launch_, launch_vec_;
 };
 
@@ -44,7 +44,7 @@ std::shared_ptr<CompiledCudaKernel> compile_cuda_kernel(const kir::Kernel& k, in
 
 // Launches on `stream`: `buffer_ptrs` holds one device pointer per kir buffer, in order. The
 // vectorized variant runs when every pointer is 16-byte aligned.
-void launch(const CompiledCudaKernel& k, void* const* buffer_ptrs, CUstream stream);
+void launch(const CompiledCudaKernel& k, void* const* buffer_ptrs, runtime::CUstream stream);
 
 // For machines without a GPU (CI): emits `k` for an H100/H200-like device of compute capability
 // major.minor and compiles it with NVRTC (no cache, no driver); returns the CUBIN and, when
@@ -52,4 +52,4 @@ void launch(const CompiledCudaKernel& k, void* const* buffer_ptrs, CUstream stre
 std::string compile_cuda_kernel_cubin_only(const kir::Kernel& k, int major, int minor,
                                            std::string* source_out = nullptr);
 
-} // namespace keraunos::runtime
+} // namespace keraunos::executors
