@@ -1,4 +1,4 @@
-// The artifact cache: keys, the file format, memory/disk hits, corruption, concurrency.
+// The kernel cache: keys, the file format, memory/disk hits, corruption, concurrency.
 #include "keraunos/runtime/kernel_cache.h"
 
 #include <gtest/gtest.h>
@@ -58,23 +58,20 @@ TEST(CacheKey, PartsAreDelimited) {
   EXPECT_EQ(CacheKey().hex().size(), 64u);
 }
 
-TEST(ArtifactFormat, RoundTripsAndRejectsDamage) {
+TEST_F(KernelCacheTest, OnDiskFormatIsTheArtifactAndItsMeta) {
   const std::string payload("\x7f" "ELF\0\1\2binary", 13);
-  const std::string file = ArtifactCache::encode(payload);
-  ASSERT_EQ(file.size(), 32 + payload.size());
-  EXPECT_EQ(file.substr(0, 8), "KRNCACHE");
-  EXPECT_EQ(ArtifactCache::decode(file), payload);
-  EXPECT_EQ(ArtifactCache::decode(ArtifactCache::encode("")), std::string());
-
-  EXPECT_FALSE(ArtifactCache::decode(""));
-  EXPECT_FALSE(ArtifactCache::decode(file.substr(0, 20)));              // header cut
-  EXPECT_FALSE(ArtifactCache::decode(file.substr(0, file.size() - 1))); // payload cut
-  EXPECT_FALSE(ArtifactCache::decode(file + "x"));                      // trailing bytes
-  for (std::size_t i : {0u, 8u, 16u, 24u, 32u, 40u}) {                  // any flipped byte
-    std::string bad = file;
-    bad[i] = static_cast<char>(bad[i] ^ 0x40);
-    EXPECT_FALSE(ArtifactCache::decode(bad)) << "byte " << i;
-  }
+  const std::string key = key_of("k");
+  ArtifactCache(dir_, ".bin").store(key, payload);
+  EXPECT_EQ(read(dir_ / (key + ".bin")), payload); // byte for byte (dlopen-able)
+  auto meta = CacheMeta::parse(read(dir_ / (key + ".meta")));
+  ASSERT_TRUE(meta);
+  EXPECT_EQ(meta->size, payload.size());
+  EXPECT_EQ(meta->checksum, fnv1a64(payload));
+  // A damaged .meta makes the entry a miss.
+  write(dir_ / (key + ".meta"), "keraunos-cache-meta 1\nsize 13\n");
+  ArtifactCache cache(dir_, ".bin");
+  EXPECT_FALSE(cache.lookup(key));
+  EXPECT_EQ(cache.stats().corrupt_files, 1);
 }
 
 TEST_F(KernelCacheTest, MemoryThenDiskThenBuild) {
@@ -104,9 +101,10 @@ TEST_F(KernelCacheTest, MemoryThenDiskThenBuild) {
   int files = 0;
   for (const auto& entry : fs::directory_iterator(dir_ / "cuda")) {
     ++files;
-    EXPECT_EQ(entry.path().extension(), ".cubin");
+    EXPECT_TRUE(entry.path().extension() == ".cubin" || entry.path().extension() == ".meta")
+        << entry.path();
   }
-  EXPECT_EQ(files, 1);
+  EXPECT_EQ(files, 2);
 }
 
 TEST_F(KernelCacheTest, CorruptFilesAreRebuilt) {
@@ -193,9 +191,11 @@ TEST_F(KernelCacheTest, ConcurrentWritersLeaveOneValidFile) {
   int files = 0;
   for (const auto& entry : fs::directory_iterator(dir_)) {
     ++files;
-    EXPECT_TRUE(ArtifactCache::decode(read(entry.path()))) << entry.path();
+    EXPECT_EQ(entry.path().string().find(".tmp."), std::string::npos) << entry.path();
   }
-  EXPECT_EQ(files, kKeys);
+  EXPECT_EQ(files, 2 * kKeys); // each artifact and its .meta
+  ArtifactCache reader(dir_, ".bin");
+  for (int k = 0; k < kKeys; ++k) EXPECT_TRUE(reader.valid_on_disk(key_of(std::to_string(k))));
 }
 
 TEST(DefaultCacheRoot, HonoursKeraunosCacheDir) {

@@ -81,7 +81,7 @@ def test_compile_and_run(cache_dir):
     so, cpp, meta = entry_files(lib)
     assert os.path.dirname(so) == str(cache_dir)
     assert open(cpp).read().startswith(AFFINE)  # then the cache stamp
-    assert open(meta).read().startswith("keraunos-cpu-meta 1\n")
+    assert open(meta).read().startswith("keraunos-cache-meta 1\n")
     stats = _C.cpu_cache_stats()
     assert (stats["compiles"], stats["disk_hits"], stats["memory_hits"]) == (1, 0, 0)
     print(f"cold compile: {stats['compile_ms']:.1f} ms")
@@ -187,7 +187,7 @@ def test_corrupt_entry_is_recompiled(cache_dir, damage):
     elif damage == "no_meta":
         os.unlink(meta)
     else:
-        replace_file(meta, b"keraunos-cpu-meta 1\nsize 12\nfnv1a64 0000000000000000\n")
+        replace_file(meta, b"keraunos-cache-meta 1\nsize 12\nfnv1a64 0000000000000000\n")
     lib = _C.cpu_compile(AFFINE, "affine")
     stats = _C.cpu_cache_stats()
     assert (stats["disk_hits"], stats["compiles"]) == (0, 1)
@@ -222,7 +222,7 @@ def test_entry_built_from_other_code_is_not_loaded(cache_dir):
     replace_file(so, foreign)
     replace_file(
         meta,
-        f"keraunos-cpu-meta 1\nsize {len(foreign)}\nfnv1a64 {fnv1a64(foreign):016x}\n".encode(),
+        f"keraunos-cache-meta 1\nsize {len(foreign)}\nfnv1a64 {fnv1a64(foreign):016x}\n".encode(),
     )
     lib = _C.cpu_compile(AFFINE, "affine")
     x = torch.randn(1000)

@@ -97,10 +97,12 @@ def test_disk_cache_hits_and_rebuilds_corrupt_files(tmp_path):
         _C.kernel_cache_clear_memory()
         after_flip = _cuda.compile_cuda(src, "k")
         with open(path, "rb") as f:
-            header = f.read(8)
+            header = f.read(4)
+        meta = open(path[: -len(".cubin")] + ".meta").read()
         print(json.dumps(dict(
             stats=_C.kernel_cache_stats(), path=path, size=size, final_size=os.path.getsize(path),
-            header=header.decode(), same=first == again == from_disk == after_truncate == after_flip,
+            header=header == b"\x7fELF", meta=meta,
+            same=first == again == from_disk == after_truncate == after_flip,
             elf=first[:4] == b"\\x7fELF")))
     """)
     r = run_python(code, KERAUNOS_CACHE_DIR=str(tmp_path))
@@ -110,7 +112,9 @@ def test_disk_cache_hits_and_rebuilds_corrupt_files(tmp_path):
     assert os.path.dirname(r["path"]) == str(tmp_path / "cuda")
     assert s["memory_hits"] == 1 and s["disk_hits"] == 1
     assert s["corrupt_files"] == 2 and s["misses"] == 3  # the first compile + two rebuilds
-    assert r["header"] == "KRNCACHE" and r["final_size"] == r["size"]  # rewritten whole
+    # The CUBIN itself (the one cache's format: the artifact and its .meta), rewritten whole.
+    assert r["header"] and r["final_size"] == r["size"]
+    assert r["meta"].startswith(f"keraunos-cache-meta 1\nsize {r['size']}\n")
     assert s["write_failures"] == 0
 
     # Another process finds the CUBIN on disk: no compile.

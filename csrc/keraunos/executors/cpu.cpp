@@ -1,6 +1,6 @@
 // The CPU executor: kernels become one C++ translation unit (codegen/cpu_emitter.h), built by
 // the host compiler into a shared library (runtime/cpu_compiler.h, cached on disk by
-// runtime/cpu_cache.h) and called through their function pointers.
+// runtime/kernel_cache.h) and called through their function pointers.
 #include "keraunos/codegen/cpu_emitter.h"
 #include "keraunos/executors/executor.h"
 #include "keraunos/runtime/cpu_compiler.h"

@@ -2,7 +2,7 @@
 #include "keraunos/support/options.h"
 
 #include "keraunos/ir/error.h"
-#include "keraunos/runtime/cpu_cache.h"
+#include "keraunos/runtime/kernel_cache.h"
 
 #include <atomic>
 #include <cerrno>
@@ -114,7 +114,7 @@ ProcessResult run_process(const std::vector<std::string>& argv) {
 // What identifies the host CPU for -march=native: the first processor's model and feature
 // lines of /proc/cpuinfo (frequencies and core ids vary and are left out).
 std::string host_cpu_identity() {
-  auto text = read_file("/proc/cpuinfo");
+  auto text = runtime::read_file("/proc/cpuinfo");
   if (!text) return "unknown-cpu";
   static constexpr const char* kKeep[] = {"vendor_id", "cpu family", "model",   "stepping",
                                           "flags",     "Features",   "CPU implementer",
@@ -329,7 +329,7 @@ private:
   void ensure_toolchain_locked() {
     if (have_toolchain_) return;
     tc_ = find_toolchain(search_);
-    dir_ = default_cpu_cache_dir();
+    dir_ = runtime::default_cache_root() / "cpu";
     std::error_code ec;
     fs::create_directories(dir_, ec);
     if (ec || ::access(dir_.c_str(), W_OK) != 0)
@@ -350,12 +350,12 @@ private:
     auto it = probes_.find(request);
     if (it != probes_.end()) return it->second;
 
-    Fnv1a128 h;
-    h.field("keraunos-cpu-probe-v2").field(tc_.key_path()).field(tc_.identity);
-    for (const auto& f : request) h.field(f);
-    fs::path record = dir_ / ("toolchain-" + h.hex() + ".txt");
+    runtime::CacheKey h;
+    h.add("keraunos-cpu-probe-v3").add(tc_.key_path()).add(tc_.identity);
+    for (const auto& f : request) h.add(f);
+    fs::path record = dir_ / ("toolchain-" + h.hex().substr(0, 32) + ".txt");
     Probed p;
-    if (auto text = read_file(record); text && text->rfind("ok\n", 0) == 0) {
+    if (auto text = runtime::read_file(record); text && text->rfind("ok\n", 0) == 0) {
       p.ok = true;
       p.flags = options::split_words(text->substr(3));
       return probes_.emplace(request, std::move(p)).first->second;
@@ -405,7 +405,7 @@ private:
                 kMvecFlags.end());
     if (probe_compile(mvec, nullptr, kMvecProbeSource, true)) p.flags = std::move(mvec);
     p.ok = true;
-    write_file_atomic(record, "ok\n" + join(p.flags, "\n") + "\n"); // best effort
+    runtime::write_file_atomic(record, "ok\n" + join(p.flags, "\n") + "\n"); // best effort
     return probes_.emplace(request, std::move(p)).first->second;
   }
 
@@ -413,9 +413,9 @@ private:
   // keraunos_probe(0) returns 0); all temporaries removed.
   bool probe_compile(const std::vector<std::string>& flags, std::string* why,
                      const char* source = kProbeSource, bool call = false) {
-    fs::path base = temp_path_beside(dir_ / "probe");
+    fs::path base = runtime::temp_path_beside(dir_ / "probe");
     fs::path src = base.string() + ".cpp", so = base.string() + ".so";
-    bool ok = write_file_atomic(src, source);
+    bool ok = runtime::write_file_atomic(src, source);
     if (ok) {
       std::vector<std::string> argv{tc_.path};
       argv.insert(argv.end(), tc_.launcher_args.begin(), tc_.launcher_args.end());
@@ -550,47 +550,46 @@ std::shared_ptr<CompiledLibrary> compile_and_load(const std::string& source,
   auto rt = runtime();
   auto ready = rt->prepare(options);
   const Toolchain& tc = *ready.tc;
-  std::string key = cache_key({source, tc.key_path(), tc.identity, ready.flags, ready.cpu});
+  std::string key =
+      runtime::cpu_cache_key({source, tc.key_path(), tc.identity, ready.flags, ready.cpu});
   if (auto lib = rt->lookup(key)) return lib;
 
-  CacheEntryPaths paths = CacheEntryPaths::of(ready.dir, key);
+  // The one kernel cache's layout (runtime/kernel_cache.h): <key>.so and its .meta, with the
+  // source beside them as <key>.cpp.
+  runtime::ArtifactCache cache(ready.dir, ".so");
+  const fs::path so = cache.path_for(key), cpp = ready.dir / (key + ".cpp");
   auto t0 = Clock::now();
   // A corrupt or truncated entry fails the check and is replaced below by renaming a fresh
   // one over it; it is never unlinked first, which could race with another process's rename.
-  if (verify_entry(paths)) {
-    if (void* h = open_library(paths.so, key, nullptr)) {
-      auto lib = std::make_shared<CompiledLibrary>(h, key, paths.so.string());
+  if (cache.valid_on_disk(key)) {
+    if (void* h = open_library(so, key, nullptr)) {
+      auto lib = std::make_shared<CompiledLibrary>(h, key, so.string());
       return rt->insert(key, std::move(lib), false, ms_since(t0));
     }
   }
 
   t0 = Clock::now();
-  KR_INTERNAL(write_file_atomic(paths.cpp, stamped_source(source, key)),
-              "cannot write the kernel source to ",
-              paths.cpp.string());
-  fs::path tmp_so = temp_path_beside(paths.so);
+  KR_INTERNAL(runtime::write_file_atomic(cpp, stamped_source(source, key)),
+              "cannot write the kernel source to ", cpp.string());
+  fs::path tmp_so = runtime::temp_path_beside(so);
   std::vector<std::string> argv{tc.path};
   argv.insert(argv.end(), tc.launcher_args.begin(), tc.launcher_args.end());
   argv.insert(argv.end(), ready.flags.begin(), ready.flags.end());
-  argv.insert(argv.end(), {"-o", tmp_so.string(), paths.cpp.string()});
+  argv.insert(argv.end(), {"-o", tmp_so.string(), cpp.string()});
   ProcessResult r = run_process(argv);
   if (!r.started || r.exit_code != 0) {
     ::unlink(tmp_so.c_str());
     KR_INTERNAL(false, "the C++ compiler failed on a generated kernel (exit code ", r.exit_code,
-                ")\n  source: ", paths.cpp.string(), "\n  command: ", join(argv), "\n",
+                ")\n  source: ", cpp.string(), "\n  command: ", join(argv), "\n",
                 r.output);
   }
-  auto bytes = read_file(tmp_so);
-  bool stored = bytes && write_file_atomic(paths.meta, meta_of(*bytes).str()) &&
-                std::rename(tmp_so.c_str(), paths.so.c_str()) == 0;
-  if (!stored) ::unlink(tmp_so.c_str());
-  KR_INTERNAL(stored, "cannot store the compiled kernel in ", paths.so.string());
+  KR_INTERNAL(cache.install(key, tmp_so), "cannot store the compiled kernel in ", so.string());
   double ms = ms_since(t0);
   std::string error;
-  void* h = open_library(paths.so, key, &error);
-  KR_INTERNAL(h != nullptr, "cannot load the freshly compiled kernel library ",
-              paths.so.string(), ": ", error);
-  return rt->insert(key, std::make_shared<CompiledLibrary>(h, key, paths.so.string()), true, ms);
+  void* h = open_library(so, key, &error);
+  KR_INTERNAL(h != nullptr, "cannot load the freshly compiled kernel library ", so.string(), ": ",
+              error);
+  return rt->insert(key, std::make_shared<CompiledLibrary>(h, key, so.string()), true, ms);
 }
 
 std::shared_ptr<CompiledLibrary> compile_and_load(const std::string& source) {

@@ -1,6 +1,6 @@
 // The CPU compile-and-load runtime: generated C++ kernels are compiled by the system C++
 // compiler into shared objects, loaded with dlopen and cached in memory and on disk
-// (cpu_cache.h has the layout).
+// (runtime/kernel_cache.h has the layout).
 //
 // Kernel ABI (what the CPU fusion executor generates):
 //   extern "C" void kernel(void** ptrs, const int64_t* args);

@@ -1,14 +1,13 @@
 #include "keraunos/runtime/kernel_cache.h"
+
 #include "keraunos/support/options.h"
 
-#include "keraunos/runtime/cpu_cache.h" // the one FNV-1a of the project
-
 #include <array>
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fcntl.h>
-#include <fstream>
 #include <sstream>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -110,24 +109,31 @@ private:
   std::uint64_t bits_ = 0;
 };
 
-void put_u32(std::string& out, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+constexpr uint64_t kFnv64Prime = 0x100000001b3ull;
+constexpr std::string_view kCpuKeyVersion = "keraunos-cpu-cache-v2";
+constexpr std::string_view kMetaMagic = "keraunos-cache-meta 1";
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
 }
+
 void put_u64(std::string& out, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
 }
-std::uint64_t get_le(std::string_view s, std::size_t at, int bytes) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i)
-    v |= std::uint64_t{static_cast<unsigned char>(s[at + i])} << (8 * i);
-  return v;
-}
-
-constexpr std::string_view kMagic = "KRNCACHE";
-constexpr std::uint32_t kFormatVersion = 1;
-constexpr std::size_t kHeaderSize = 32;
 
 } // namespace
+
+Fnv1a64& Fnv1a64::update(std::string_view bytes) {
+  for (unsigned char c : bytes) {
+    h_ ^= c;
+    h_ *= kFnv64Prime;
+  }
+  return *this;
+}
+
+uint64_t fnv1a64(std::string_view bytes) { return Fnv1a64().update(bytes).digest(); }
 
 std::string sha256_hex(std::string_view data) {
   Sha256 h;
@@ -152,11 +158,96 @@ CacheKey& CacheKey::add(std::int64_t value) { return add(std::to_string(value));
 
 std::string CacheKey::hex() const { return sha256_hex(material_); }
 
+std::string cpu_cache_key(const CpuKeyInputs& in) {
+  CacheKey k;
+  k.add(kCpuKeyVersion).add(in.compiler_path).add(in.compiler_identity);
+  k.add(static_cast<std::int64_t>(in.flags.size()));
+  for (const auto& f : in.flags) k.add(f);
+  k.add(in.cpu).add(in.source);
+  return k.hex();
+}
+
+std::string CacheMeta::str() const {
+  std::ostringstream os;
+  os << kMetaMagic << "\nsize " << size << "\nfnv1a64 " << hex64(checksum) << "\n";
+  return os.str();
+}
+
+std::optional<CacheMeta> CacheMeta::parse(std::string_view text) {
+  std::istringstream is{std::string(text)};
+  std::string line;
+  if (!std::getline(is, line) || line != kMetaMagic) return std::nullopt;
+  CacheMeta m;
+  bool have_size = false, have_sum = false;
+  std::string word, value;
+  while (is >> word >> value) {
+    char* end = nullptr;
+    if (word == "size") {
+      m.size = std::strtoull(value.c_str(), &end, 10);
+      have_size = end && *end == '\0' && !value.empty();
+    } else if (word == "fnv1a64") {
+      m.checksum = std::strtoull(value.c_str(), &end, 16);
+      have_sum = end && *end == '\0' && value.size() == 16;
+    }
+  }
+  if (!have_size || !have_sum) return std::nullopt;
+  return m;
+}
+
+CacheMeta meta_of(std::string_view bytes) { return {bytes.size(), fnv1a64(bytes)}; }
+
 fs::path default_cache_root() {
-  if (auto dir = options::get("cache_dir")) return fs::path(*dir);
+  if (auto d = options::get("cache_dir")) return fs::path(*d);
   if (const char* home = std::getenv("HOME"); home && *home)
     return fs::path(home) / ".cache" / "keraunos";
-  return {};
+  const char* tmp = std::getenv("TMPDIR");
+  return fs::path(tmp && *tmp ? tmp : "/tmp") / ("keraunos-" + std::to_string(getuid()));
+}
+
+std::optional<std::string> read_file(const std::filesystem::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::string out;
+  struct stat st {};
+  if (fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      return std::nullopt;
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+std::filesystem::path temp_path_beside(const std::filesystem::path& p) {
+  // Unique within the process (the counter) and across processes (the pid); the only mutable
+  // global here, and it is an atomic counter.
+  static std::atomic<uint64_t> counter{0};
+  return p.string() + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
+}
+
+bool write_file_atomic(const std::filesystem::path& p, std::string_view bytes) {
+  auto tmp = temp_path_beside(p);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  bool ok = done == bytes.size();
+  ok = (::close(fd) == 0) && ok;
+  if (ok) ok = std::rename(tmp.c_str(), p.c_str()) == 0;
+  if (!ok) ::unlink(tmp.c_str());
+  return ok;
 }
 
 // ---- the cache ------------------------------------------------------------------------------
@@ -165,47 +256,33 @@ ArtifactCache::ArtifactCache(fs::path dir, std::string suffix)
     : dir_(std::move(dir)), suffix_(std::move(suffix)) {}
 
 fs::path ArtifactCache::path_for(const std::string& key) const { return dir_ / (key + suffix_); }
-
-std::string ArtifactCache::encode(std::string_view payload) {
-  std::string out;
-  out.reserve(kHeaderSize + payload.size());
-  out.append(kMagic);
-  put_u32(out, kFormatVersion);
-  put_u32(out, 0);
-  put_u64(out, payload.size());
-  put_u64(out, cpu::fnv1a64(payload));
-  out.append(payload);
-  return out;
-}
-
-std::optional<std::string> ArtifactCache::decode(std::string_view file) {
-  if (file.size() < kHeaderSize || file.substr(0, kMagic.size()) != kMagic) return std::nullopt;
-  if (get_le(file, 8, 4) != kFormatVersion) return std::nullopt;
-  const std::uint64_t length = get_le(file, 16, 8);
-  if (length != file.size() - kHeaderSize) return std::nullopt; // truncated or trailing bytes
-  std::string_view payload = file.substr(kHeaderSize);
-  if (cpu::fnv1a64(payload) != get_le(file, 24, 8)) return std::nullopt;
-  return std::string(payload);
+fs::path ArtifactCache::meta_path_for(const std::string& key) const {
+  return dir_ / (key + ".meta");
 }
 
 std::optional<std::string> ArtifactCache::read_disk(const std::string& key) {
   if (dir_.empty()) return std::nullopt;
+  auto meta_text = read_file(meta_path_for(key));
+  std::optional<CacheMeta> meta = meta_text ? CacheMeta::parse(*meta_text) : std::nullopt;
+  if (!meta) {
+    if (meta_text) {
+      std::lock_guard lock(mu_);
+      ++stats_.corrupt_files;
+    }
+    return std::nullopt;
+  }
+  // The size first: a truncated artifact is rejected without reading it.
   const fs::path path = path_for(key);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  std::optional<std::string> payload = decode(contents.view());
-  if (!payload) {
-    // Removing it (rather than only overwriting it after the rebuild) keeps a bad file from
-    // being read again by other processes while this one rebuilds.
-    std::error_code ec;
-    fs::remove(path, ec);
+  struct stat st {};
+  std::optional<std::string> bytes;
+  if (::stat(path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) == meta->size)
+    bytes = read_file(path);
+  if (!bytes || bytes->size() != meta->size || fnv1a64(*bytes) != meta->checksum) {
     std::lock_guard lock(mu_);
     ++stats_.corrupt_files;
+    return std::nullopt;
   }
-  return payload;
+  return bytes;
 }
 
 bool ArtifactCache::write_disk(const std::string& key, const std::string& bytes) {
@@ -213,25 +290,21 @@ bool ArtifactCache::write_disk(const std::string& key, const std::string& bytes)
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) return false;
-  const fs::path final_path = path_for(key);
-  // mkstemp: a name no other thread or process uses, in the same directory (rename(2) is
-  // atomic only within one filesystem).
-  std::string tmp = final_path.string() + ".tmp.XXXXXX";
-  const int fd = ::mkstemp(tmp.data());
-  if (fd < 0) return false;
-  const std::string file = encode(bytes);
-  std::size_t written = 0;
-  while (written < file.size()) {
-    const ssize_t n = ::write(fd, file.data() + written, file.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    written += static_cast<std::size_t>(n);
+  return write_file_atomic(meta_path_for(key), meta_of(bytes).str()) &&
+         write_file_atomic(path_for(key), bytes);
+}
+
+bool ArtifactCache::valid_on_disk(const std::string& key) { return read_disk(key).has_value(); }
+
+bool ArtifactCache::install(const std::string& key, const fs::path& built) {
+  auto bytes = read_file(built);
+  bool ok = bytes && write_file_atomic(meta_path_for(key), meta_of(*bytes).str()) &&
+            std::rename(built.c_str(), path_for(key).c_str()) == 0;
+  if (!ok) {
+    ::unlink(built.c_str());
+    std::lock_guard lock(mu_);
+    ++stats_.write_failures;
   }
-  // mkstemp makes the file 0600; a shared cache directory would want the umask's choice, but a
-  // per-user cache is the default and other users must not be able to plant kernels in it.
-  const bool ok = ::close(fd) == 0 && written == file.size() &&
-                  ::rename(tmp.c_str(), final_path.c_str()) == 0;
-  if (!ok) ::unlink(tmp.c_str());
   return ok;
 }
 
@@ -280,10 +353,7 @@ ArtifactCache::Stats ArtifactCache::stats() const {
 }
 
 ArtifactCache& cuda_kernel_cache() {
-  static ArtifactCache cache = [] {
-    fs::path root = default_cache_root();
-    return ArtifactCache(root.empty() ? fs::path() : root / "cuda", ".cubin");
-  }();
+  static ArtifactCache cache(default_cache_root() / "cuda", ".cubin");
   return cache;
 }
 

@@ -26,8 +26,8 @@ constexpr Option kOptions[] = {
      "after lowering and after each kernel pass (codegen/kernel_passes.h); read at each "
      "compile."},
     {"cache_dir", "KERAUNOS_CACHE_DIR", Kind::Text, "~/.cache/keraunos", nullptr,
-     "The on-disk kernel caches (CPU libraries in cpu/, CUDA binaries beside them); read when "
-     "the cache is first used."},
+     "The on-disk kernel cache (runtime/kernel_cache.h: CPU libraries in cpu/, CUDA binaries in "
+     "cuda/, each with its .meta); read when the cache is first used."},
     {"cxx", "CXX", Kind::Words, "c++, g++ or clang++ on $PATH", nullptr,
      "The C++ compiler of CPU kernels (a command, possibly with launcher words); read when the "
      "compiler is first needed."},
