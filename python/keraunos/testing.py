@@ -164,22 +164,15 @@ REFUSED = "refused: order-dependent in-place overlap"
 def eager_random(on=True):
     """Random draws through torch (eager's numbers) while compiling inside the block, for
     comparisons of random numbers with eager's under one seed (the kernel_random option)."""
-    global _EAGER_RANDOM_DEPTH
     if not on:
         yield
         return
-    if _EAGER_RANDOM_DEPTH == 0:
-        keraunos.set_option("kernel_random", False)
-    _EAGER_RANDOM_DEPTH += 1
+    before = keraunos._C.option_override("kernel_random")
+    keraunos.set_option("kernel_random", False)
     try:
         yield
     finally:
-        _EAGER_RANDOM_DEPTH -= 1
-        if _EAGER_RANDOM_DEPTH == 0:
-            keraunos.set_option("kernel_random", None)
-
-
-_EAGER_RANDOM_DEPTH = 0  # nested eager_random blocks: the outermost sets and clears the option
+        keraunos._C.set_option("kernel_random", before)  # the caller's setting, if any, again
 
 
 def compare(

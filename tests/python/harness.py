@@ -157,7 +157,8 @@ def check(
     expected2 = fn(*eager_args2[0], **eager_args2[1])
     if seed is not None:
         torch.manual_seed(seed + 1)
-    actual2 = jf(*jit_args2[0], **jit_args2[1])
+    with eager_random(seed is not None):
+        actual2 = jf(*jit_args2[0], **jit_args2[1])
     assert_same(actual2, expected2, exact=exact, atol=atol, rtol=rtol)
     assert keraunos.compile_stats(jf)["hits"] >= 1
     return jf

@@ -208,3 +208,15 @@ def test_option_off_gives_eager_numbers():
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
     assert "_kr.seed" not in str(keraunos.last_traces(jf)[-1])
+
+
+def test_eager_random_restores_the_callers_setting():
+    from keraunos.testing import eager_random
+
+    assert keraunos._C.option_override("kernel_random") == "1"  # this module's fixture
+    with eager_random():
+        assert keraunos._C.option("kernel_random") is False
+        with eager_random():
+            pass
+        assert keraunos._C.option("kernel_random") is False
+    assert keraunos._C.option_override("kernel_random") == "1"

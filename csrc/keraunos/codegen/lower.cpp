@@ -556,12 +556,11 @@ private:
       const int64_t bits = d == DType::BFloat16 ? 8 : d == DType::Float16 ? 11 : 24;
       r = kir::call("kr_philox_uniform", {key, off, stream, kir::int_lit(bits, DType::Int64)}, c);
     }
-    // low + (high - low) * u, mean + std * z; rand, randn and dropout's draws skip it.
-    const double a = n.b.args[1].as_double(), b = n.b.args[2].as_double();
-    const double scale = normal ? b : b - a;
+    // mean + std * z (a uniform draw is on [0, 1): Accept::Random); randn's skips it.
+    const double mean = n.b.args[1].as_double(), std = n.b.args[2].as_double();
     using K = kir::ExprKind;
-    if (scale != 1.0) r = kir::binary(K::Mul, kir::float_lit(scale, c), r);
-    if (a != 0.0) r = kir::binary(K::Add, kir::float_lit(a, c), r);
+    if (normal && std != 1.0) r = kir::binary(K::Mul, kir::float_lit(std, c), r);
+    if (normal && mean != 0.0) r = kir::binary(K::Add, kir::float_lit(mean, c), r);
     return let(n.t->dtype, r);
   }
   std::string uniform(const Node& n) { return random(n, false); }
@@ -1048,6 +1047,11 @@ bool kernel_supports(const BoundSymbol& b) {
   case Accept::NoBoolOperands:
     return !is_bool(in);
   case Accept::Random:
+    // A uniform draw on [low, high) other than [0, 1) stays in torch: low + (high - low) * u
+    // can round up to `high`, which torch's kernels map back to `low`.
+    if (b.op == OpId::prim_uniform &&
+        (b.args[1].as_double() != 0.0 || b.args[2].as_double() != 1.0))
+      return false;
     return is_float(out) && options::flag("kernel_random");
   case Accept::Never:
     return false;

@@ -277,6 +277,8 @@ NB_MODULE(_C, m) {
     options::get(name); // the unknown-option error
     return nb::none();
   }, "name"_a, "The option's value now (typed: bool, str, list of words or dict of keys).");
+  m.def("option_override", [](const std::string& name) { return options::override_of(name); },
+        "name"_a, "set_option's value for the option (None when not set).");
   m.def(
       "set_option",
       [](const std::string& name, std::optional<std::string> value) {

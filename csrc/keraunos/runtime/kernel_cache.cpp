@@ -200,8 +200,16 @@ fs::path default_cache_root() {
   if (auto d = options::get("cache_dir")) return fs::path(*d);
   if (const char* home = std::getenv("HOME"); home && *home)
     return fs::path(home) / ".cache" / "keraunos";
+  // A shared temporary folder: ours only if we made it (or own it) and nobody else may write
+  // in it; otherwise another user could plant kernels there.
   const char* tmp = std::getenv("TMPDIR");
-  return fs::path(tmp && *tmp ? tmp : "/tmp") / ("keraunos-" + std::to_string(getuid()));
+  fs::path dir = fs::path(tmp && *tmp ? tmp : "/tmp") / ("keraunos-" + std::to_string(getuid()));
+  ::mkdir(dir.c_str(), 0700);
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
+      (st.st_mode & 077) != 0)
+    return fs::path("/nonexistent/keraunos-cache-refused"); // unwritable: memory only / error
+  return dir;
 }
 
 std::optional<std::string> read_file(const std::filesystem::path& p) {

@@ -17,8 +17,9 @@
 // complete entry or an invalid one, never a torn file; two that build the same key write the
 // same bytes and the last rename wins. No fsync: the checksum catches what a power loss can
 // leave behind. Nothing is unlinked before a rebuild (that could race with another process's
-// rename). The disk is best effort: a folder that cannot be written only costs recompiles
-// (Stats::write_failures), never an error.
+// rename). For CUBINs the disk is best effort: a folder that cannot be written only costs
+// recompiles (Stats::write_failures); a CPU library must be loaded from a file, so there it is
+// an error that names the folder.
 //
 // SHA-256 for keys: the file name is the key, so a collision would silently load the wrong
 // kernel. FNV-1a 64 (http://www.isthe.com/chongo/tech/comp/fnv/) for checksums. Both are
@@ -85,7 +86,9 @@ struct CacheMeta {
 };
 CacheMeta meta_of(std::string_view bytes);
 
-// $KERAUNOS_CACHE_DIR, else $HOME/.cache/keraunos, else <tmp>/keraunos-<uid>.
+// $KERAUNOS_CACHE_DIR, else $HOME/.cache/keraunos, else <tmp>/keraunos-<uid> (created 0700; a
+// folder of that name that another user owns or may write is refused: a path that cannot be
+// created is returned instead).
 std::filesystem::path default_cache_root();
 
 // Whole-file I/O; nullopt when the file cannot be read.

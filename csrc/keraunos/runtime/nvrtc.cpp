@@ -242,7 +242,7 @@ std::string compile_cuda_cached(const std::string& source, const std::string& na
   const auto [major, minor] = nvrtc_version();
   CacheKey key;
   // Bump the tag when the way CUBINs are produced changes in a way the other parts miss.
-  key.add("keraunos-cuda-v1").add(source).add(major).add(minor);
+  key.add("keraunos-cuda-v2").add(source).add(major).add(minor);
   for (const std::string& o : nvrtc_default_options(sm_arch)) key.add(o);
   key.add("--");
   for (const std::string& o : extra_options) key.add(o);

@@ -142,6 +142,14 @@ std::optional<std::string> get(std::string_view name) {
   return std::string(v);
 }
 
+std::optional<std::string> override_of(std::string_view name) {
+  find(name);
+  Overrides& ov = overrides();
+  std::lock_guard lock(ov.mu);
+  if (auto it = ov.values.find(name); it != ov.values.end()) return it->second;
+  return std::nullopt;
+}
+
 std::string text(std::string_view name) {
   auto v = get(name);
   return v ? *v : std::string(find(name).fallback);

@@ -49,6 +49,8 @@ std::span<const TuningKey> tuning_keys();
 // The option's text: set()'s value, else its environment variable (empty counts as unset,
 // except for flags), else nullopt. Unknown names are internal errors.
 std::optional<std::string> get(std::string_view name);
+// set()'s value alone (nullopt when set() has not been called or was cleared).
+std::optional<std::string> override_of(std::string_view name);
 // `s` split at whitespace (spaces, tabs, newlines): how Words options are read.
 std::vector<std::string> split_words(std::string_view s);
 // get() or the default.
