@@ -40,7 +40,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import keraunos
-from keraunos.testing import _fp64_judgement, alias_pattern, clone_args, differences
+from keraunos.testing import _fp64_judgement, alias_pattern, clone_args, differences, eager_random
 
 CLASSES = ("pass", "refused", "internal", "wrong")
 _RANK = {"pass": 0, "refused": 1, "internal": 2, "wrong": 3}
@@ -199,7 +199,9 @@ def run_case(
         eager_error = e
     torch.manual_seed(seed)
     try:
-        with _alarm(timeout):
+        # Random ops are compared with eager's numbers: their draws come from torch here
+        # (tests/python/test_random_kernels.py checks the kernels' own draws).
+        with _alarm(timeout), eager_random():
             jf = keraunos.jit(fn, fusion_type=fusion_type, fusion=fusion)
             actual = jf(*jit_args)
     except CaseTimeout as e:
