@@ -48,7 +48,12 @@ def test_integer_division_by_a_constant(dtype, d):
         lambda x: (x // d) * 2 + x % d - torch.fmod(x, d),
     ):
         jf = check(fn, x)
-        _kernels_only(jf)
+        if dtype == torch.int8 and abs(d) == 2:
+            # NVRTC miscompiled these (lower.cpp, int_by_constant): torch divides.
+            body = str(keraunos.last_traces(jf)[-1]).split("def program")[1]
+            assert any(op in body for op in ("div", "remainder", "fmod")), body
+        else:
+            _kernels_only(jf)
 
 
 @pytest.mark.skipif(_TEST_DEVICE != "cpu", reason="eager's CUDA integer division by 0 is undefined")

@@ -43,6 +43,11 @@ bool int_by_constant(const BoundSymbol& b) {
   const int64_t v = b.args[1].as_int();
   if (v == 0 || v == -1) return false;
   if (d == DType::UInt8) return v > 0 && v <= 255;
+  // An int8 divided by +-2 came out of NVRTC (CUDA 13) wrong on the H100 and the H200 (-1 // 2
+  // gave 127: the byte was not sign extended), even computed in int32; other divisors and
+  // dtypes were right. Powers of two stay in torch for int8.
+  const uint64_t mag = v < 0 ? -static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+  if (d == DType::Int8 && mag > 1 && (mag & (mag - 1)) == 0) return false;
   const int bits = 8 * itemsize(d);
   return bits == 64 || (v >= -(int64_t{1} << (bits - 1)) && v < (int64_t{1} << (bits - 1)));
 }
@@ -443,9 +448,8 @@ private:
   // Integer division by a constant d (Accept::FloatOrIntByConstant), as eager computes it:
   // C's truncating / and % (div, fmod), floored for floor_divide and remainder (the result of
   // remainder takes the divisor's sign). Floats call the prim's helper.
-  // Integers narrower than 32 bits divide in int32, C's own promotion made explicit: NVRTC
-  // (CUDA 13) miscompiles an int8 division by +-2 kept in 8 bits (the byte is not sign
-  // extended: -1 // 2 gave 127 on the H200).
+  // Integers narrower than 32 bits divide in int32, C's own promotion made explicit (int8 by a
+  // power of two still stays in torch: int_by_constant).
   std::string division(const Node& n) {
     if (is_float(operand_dtype(n.b))) return call_op(n);
     using K = kir::ExprKind;
