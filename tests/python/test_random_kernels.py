@@ -132,7 +132,7 @@ def test_distributions(fusion_type):
             torch.rand_like(x),
             torch.randn_like(x) * 3 + 2,
             F.dropout(x, 0.25),
-            torch.empty_like(x).uniform_(-2, 3) + 0,
+            torch.empty_like(x).uniform_(-2, 3) + 0,  # not [0, 1): drawn by torch, fused after
         )
 
     x = torch.ones(1 << 20, device=DEV)

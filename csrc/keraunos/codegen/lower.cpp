@@ -208,7 +208,6 @@ class KernelGen;
 // the segment), so a tensor recomputed by two kernels draws the same numbers in both.
 struct RandomDraws {
   std::string name; // the seed's name in the program
-  DeviceType device;
   TensorRef seed;   // created by the first draw
   const TensorRef& seed_of(const Device& dev) {
     if (!seed) {
@@ -1099,7 +1098,6 @@ public:
       : seg_(seg), needed_(needed), device_(device), prefix_(prefix), counter_(counter),
         record_stages_(record_stages) {
     random_.name = prefix + "seed" + std::to_string(*counter);
-    random_.device = device;
     for (size_t i = 0; i < seg.members.size(); ++i)
       for (const auto& o : seg.members[i]->outputs()) {
         producer_[o.get()] = seg.members[i];
