@@ -30,6 +30,13 @@ FUNCS = {
     "layer_norm": (bu.layer_norm, lambda r, c: [(r, c), (c,), (c,)], torch.float32),
     "rms_norm": (bu.rms_norm, lambda r, c: [(r, c), (c,)], torch.bfloat16),
     "rms_norm_fn": (bu.rms_norm_fn, lambda r, c: [(r, c), (c,)], torch.bfloat16),
+    "dropout_residual": (bu.dropout_residual, lambda r, c: [(r, c)] * 2, torch.bfloat16),
+    # rows = sequence length, cols = head dim (the benchmark: 2048, 128).
+    "rotary": (
+        bu.rotary,
+        lambda r, c: [(4, 32, r, c), (4, 8, r, c), (r, c), (r, c)],
+        torch.bfloat16,
+    ),
 }
 
 

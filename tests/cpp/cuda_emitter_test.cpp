@@ -355,6 +355,50 @@ TEST(CudaEmitter, MultiDimReductionFlattensAndIntegerMax) {
   EXPECT_COMPILES(k);
 }
 
+// HF's rotate_half, cat([-x[:, 64:], x[:, :64]], -1), as the lowering gives it: each part read
+// at its index kept in bounds (ExprKind::Clamp), a select picking the part. Groups of 8 lanes
+// lie in one part, so the vectorized variant reads each part's group at its clamped base; the
+// clamps' ranges keep the index math 32-bit.
+TEST(CudaEmitter, CatPartsVectorizeAtAClampedBase) {
+  auto rotate_half = [](int64_t half) {
+    Kernel k;
+    k.name = "rotate_half";
+    const DType BF = DType::BFloat16;
+    k.buffers = {buffer("in0", BF, false, {1024, 2 * half}), buffer("in1", BF, false, {1024, half}),
+                 buffer("out0", BF, true, {1024, 2 * half})};
+    const Index o = idx({{"i0", 2 * half}, {"i1", 1}});
+    Index hi = idx({{"i0", 2 * half}}), lo = hi;
+    hi.opaque = expr("kr_clamp_index(i1, 0LL, " + std::to_string(half - 1) + "LL)", DType::Int64);
+    lo.opaque = expr("kr_clamp_index(i1 + (-" + std::to_string(half) + "LL), 0LL, " +
+                         std::to_string(half - 1) + "LL)",
+                     DType::Int64);
+    k.body = {par("i0", 1024,
+                  {par("i1", 2 * half,
+                       {load("v0", F32, 0, hi), let("v1", F32, "-(v0)"), load("v2", F32, 1, lo),
+                        let("v3", F32, "(i1 < " + std::to_string(half) + "LL) ? v1 : v2"),
+                        store(2, o, "v3")})})};
+    return k;
+  };
+  Kernel k = rotate_half(64);
+  CudaKernelSource s = emit_cuda(k, kH200);
+  EXPECT_EQ(s.entry_vec, "rotate_half_vec");
+  const std::string src = kernels(s);
+  EXPECT_TRUE(has(src, "unsigned kr_i = (unsigned)blockIdx.x")) << "32-bit: " << src;
+  EXPECT_TRUE(has(src, "in0[128 * i0 + (kr_clamp_index(i1, 0LL, 63LL))]")) << src;
+  const std::string v = vec_kernel(s);
+  EXPECT_TRUE(has(v, "kr_load_vec<uint16_t, 8>(in0 + 128 * i0 + (kr_clamp_index(kr_vb, 0LL, 56LL)))"))
+      << v;
+  EXPECT_TRUE(has(v, "kr_load_vec<uint16_t, 8>(in1 + 128 * i0 + (kr_clamp_index(kr_vb + "
+                     "(-64LL), 0LL, 56LL)))"))
+      << v;
+  EXPECT_COMPILES(k);
+  // A part boundary inside a group of 8 lanes (60): no vectorized variant.
+  k = rotate_half(60);
+  s = emit_cuda(k, kH200);
+  EXPECT_EQ(s.entry_vec, "");
+  EXPECT_COMPILES(k);
+}
+
 TEST(CudaEmitter, LargeIndicesUse64BitMath) {
   const Kernel k = copy_kernel(int64_t{3} << 30);
   const CudaKernelSource s = emit_cuda(k, kH200);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 using namespace keraunos;
 using namespace keraunos::kir;
@@ -81,6 +82,7 @@ TEST(KirExpr, ParsesWhatItPrints) {
       "kr_h2f(kr_f2h(v0 * v1))",
       "(float)(((6LL * i0) + i1) / 4LL)",
       "(x & 3LL) | ~(y)",
+      "kr_clamp_index(i3 + (-64LL), 0LL, 63LL)",
   };
   for (const char* t : texts) {
     const Expr e = p(t);
@@ -99,6 +101,37 @@ TEST(KirExpr, ParsesWhatItPrints) {
   EXPECT_THROW(p("x +"), InternalError);
   EXPECT_THROW(p("(x"), InternalError);
   EXPECT_THROW(p("x y"), InternalError);
+}
+
+TEST(KirExpr, ClampIsAnIndexKind) {
+  const Expr c = p("kr_clamp_index(i3 + (-64LL), 0LL, 63LL)");
+  EXPECT_EQ(c->kind, ExprKind::Clamp);
+  EXPECT_EQ(c->dtype, I64);
+  EXPECT_EQ(c.get(), clamp_index(p("i3 + (-64LL)"), 0, 63).get());
+  EXPECT_THROW(p("kr_clamp_index(i3, i0, 63LL)"), InternalError) << "bounds are literals";
+}
+
+TEST(KirExpr, IntegerRanges) {
+  auto range = [](const std::string& text, int64_t limit = int64_t{1} << 31) {
+    return int_range(
+        p(text),
+        [](const std::string& v) -> std::optional<Range> {
+          if (v == "i0") return Range{0, 99};
+          if (v == "i1") return Range{0, 127};
+          return std::nullopt; // a loaded value
+        },
+        limit);
+  };
+  EXPECT_EQ(range("(4096LL * i0) + i1"), Range(0, 4096 * 99 + 127));
+  EXPECT_EQ(range("kr_clamp_index(i1 + (-64LL), 0LL, 63LL)"), Range(0, 63));
+  EXPECT_EQ(range("kr_clamp_index(i1, 0LL, 63LL)"), Range(0, 63));
+  EXPECT_EQ(range("((6LL * i0) + i1) / 4LL"), Range(0, (6 * 99 + 127) / 4));
+  EXPECT_EQ(range("(i0 - 50LL) % 7LL"), Range(-6, 6));
+  EXPECT_EQ(range("(i1 < 64LL) ? i1 : (i1 - 64LL)"), Range(-64, 127))
+      << "both branches' ranges: the condition is not used (a bound, not the exact range)";
+  EXPECT_EQ(range("i0 * i1", 1000), std::nullopt) << "an intermediate past the limit";
+  EXPECT_EQ(range("x + i0"), std::nullopt) << "a loaded index";
+  EXPECT_EQ(range("i1 / x"), std::nullopt);
 }
 
 TEST(KirExpr, SubstitutesVariables) {

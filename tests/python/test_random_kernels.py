@@ -71,19 +71,26 @@ def seed_after(s, device=DEV):
     return int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64, device=device))
 
 
+def words(seed, n, stream, per_block):
+    """The Philox words of elements 0..n-1 of a stream, `per_block` elements to a block: element
+    i takes the 4 // per_block words of block i // per_block that follow element i - 1's."""
+    blocks = torch.arange((n + 3) // per_block + 1, dtype=torch.int64)
+    w = torch.stack(philox(blocks, blocks >> 32, stream, 0, seed, seed >> 32), dim=-1)
+    return w.reshape(-1, 4 // per_block)[:n].unbind(-1)
+
+
 def reference_uniform(seed, n, stream, dtype):
-    off = torch.arange(n, dtype=torch.int64)
-    x, y, _, _ = philox(off, off >> 32, stream, 0, seed, seed >> 32)
     if dtype == torch.float64:
+        x, y = words(seed, n, stream, 2)
         m = (x << 21) | (y >> 11)
         return m.to(torch.float64) * 2.0**-53
+    (x,) = words(seed, n, stream, 4)
     bits = {torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}[dtype]
     return ((x >> (32 - bits)).to(torch.float64) * 2.0**-bits).to(dtype)
 
 
 def reference_normal(seed, n, stream):
-    off = torch.arange(n, dtype=torch.int64)
-    x, y, _, _ = philox(off, off >> 32, stream, 0, seed, seed >> 32)
+    x, y = words(seed, n, stream, 2)
     u1 = ((x >> 8) + 1).to(torch.float64) * 2.0**-24
     u2 = (y >> 8).to(torch.float64) * 2.0**-24
     return torch.sqrt(-2 * torch.log(u1)) * torch.cos(2 * math.pi * u2)

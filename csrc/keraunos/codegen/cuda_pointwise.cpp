@@ -3,6 +3,9 @@
 
 #include "keraunos/ir/error.h"
 
+#include <map>
+#include <optional>
+
 namespace keraunos::codegen::cudagen {
 
 // ---------------------------------------------------------------------------------------------
@@ -36,6 +39,105 @@ void emit_grid_stride(Emitter& e, const std::string& name, int threads) {
   o.line(0, "}");
 }
 
+namespace {
+
+// coefficients and constant of an affine integer expression (nullopt if it is not one).
+struct Affine {
+  std::map<std::string, int64_t> coef;
+  int64_t constant = 0;
+};
+std::optional<Affine> affine_form(const kir::Expr& e) {
+  using K = kir::ExprKind;
+  switch (e->kind) {
+  case K::Var: {
+    Affine f;
+    f.coef[e->name] = 1;
+    return f;
+  }
+  case K::Int: {
+    Affine f;
+    f.constant = e->i;
+    return f;
+  }
+  case K::Cast:
+    return is_int(e->dtype) ? affine_form(e->args[0]) : std::nullopt;
+  case K::Neg:
+  case K::Add:
+  case K::Sub:
+  case K::Mul: {
+    std::vector<Affine> a;
+    for (const kir::Expr& x : e->args) {
+      auto f = affine_form(x);
+      if (!f) return std::nullopt;
+      a.push_back(*f);
+    }
+    if (e->kind == K::Mul) { // by a literal
+      const bool lit0 = a[0].coef.empty(), lit1 = a[1].coef.empty();
+      if (!lit0 && !lit1) return std::nullopt;
+      Affine f = lit0 ? a[1] : a[0];
+      const int64_t m = lit0 ? a[0].constant : a[1].constant;
+      for (auto& [v, c] : f.coef) c *= m;
+      f.constant *= m;
+      return f;
+    }
+    const int64_t sign = e->kind == K::Add ? 1 : -1;
+    if (e->kind == K::Neg) a.insert(a.begin(), Affine{});
+    Affine f = a[0];
+    for (const auto& [v, c] : a[1].coef) f.coef[v] += sign * c;
+    f.constant += sign * a[1].constant;
+    return f;
+  }
+  case K::Float:
+  case K::Bool:
+  case K::Not:
+  case K::BitNot:
+  case K::Div:
+  case K::Mod:
+  case K::Eq:
+  case K::Ne:
+  case K::Lt:
+  case K::Le:
+  case K::Gt:
+  case K::Ge:
+  case K::BitAnd:
+  case K::BitOr:
+  case K::BitXor:
+  case K::And:
+  case K::Or:
+  case K::Select:
+  case K::Clamp:
+  case K::Call:
+    break;
+  }
+  return std::nullopt;
+}
+
+int64_t mod_of(int64_t x, int64_t m) { return ((x % m) + m) % m; }
+
+} // namespace
+
+// A cat's part read along the innermost grid loop `v`: an index whose opaque part is
+// Clamp(v + rest, lo, hi), no other use of v. With `vec` > 0, also whether groups of `vec`
+// lanes read it aligned and all inside or all outside [lo, hi], so that a group reads `vec`
+// consecutive elements at its clamped base (ClampedRun::base).
+std::optional<ClampedRun> clamped_run(const Index& ix, const std::string& v, int vec) {
+  if (!ix.opaque || ix.opaque->kind != kir::ExprKind::Clamp || ix.coef(v) != 0) return std::nullopt;
+  const kir::Expr& e = ix.opaque->args[0];
+  const int64_t lo = ix.opaque->args[1]->i, hi = ix.opaque->args[2]->i;
+  auto f = affine_form(e);
+  if (!f || f->coef.count(v) == 0 || f->coef.at(v) != 1) return std::nullopt;
+  if (vec > 0) {
+    if (hi - lo + 1 < vec || mod_of(ix.constant, vec) != 0 || mod_of(lo - f->constant, vec) != 0 ||
+        mod_of(hi + 1 - f->constant, vec) != 0)
+      return std::nullopt;
+    for (const auto& [var, c] : f->coef)
+      if (var != v && mod_of(c, vec) != 0) return std::nullopt;
+    for (const auto& [var, c] : ix.terms)
+      if (mod_of(c, vec) != 0) return std::nullopt;
+  }
+  return ClampedRun{e, lo, hi};
+}
+
 // The vectorized pointwise variant: each thread and trip handles `vec` consecutive elements of
 // the innermost grid loop. Returns 0 when the kernel does not qualify.
 int vector_width(const Kernel& k, const Analysis& a) {
@@ -48,9 +150,10 @@ int vector_width(const Kernel& k, const Analysis& a) {
     const Index& ix = s.kind == Stmt::Kind::Load ? s.load.index : s.store.index;
     const int buf = s.kind == Stmt::Kind::Load ? s.load.buffer : s.store.buffer;
     const int64_t c = ix.coef(v);
-    if (!ix.affine() || (c != 0 && c != 1)) return 0;
+    const bool run = s.kind == Stmt::Kind::Load && clamped_run(ix, v, 0);
+    if ((!ix.affine() && !run) || (c != 0 && c != 1)) return 0;
     if (s.kind == Stmt::Kind::Store && c != 1) return 0;
-    if (c == 1) widest = std::max(widest, itemsize(k.buffers.at(buf).dtype));
+    if (c == 1 || run) widest = std::max(widest, itemsize(k.buffers.at(buf).dtype));
   }
   if (widest == 0 || widest > 8) return 0;
   const int vec = 16 / widest;
@@ -58,6 +161,7 @@ int vector_width(const Kernel& k, const Analysis& a) {
   for (const Stmt& s : *a.point) {
     if (s.kind != Stmt::Kind::Load && s.kind != Stmt::Kind::Store) continue;
     const Index& ix = s.kind == Stmt::Kind::Load ? s.load.index : s.store.index;
+    if (!ix.affine() && !clamped_run(ix, v, vec)) return 0;
     if (ix.coef(v) != 1) continue;
     if (ix.constant % vec != 0) return 0;
     for (const auto& [var, coef] : ix.terms)
@@ -90,7 +194,12 @@ void emit_vectorized(Emitter& e, const std::string& name, int vec, int threads) 
   for (const Stmt& s : *a.point) {
     if (s.kind == Stmt::Kind::Load) {
       const kir::Buffer& b = k.buffers.at(s.load.buffer);
-      if (s.load.index.coef(v) == 0) { // the same element for every lane: load it once
+      Index at = s.load.index;
+      if (auto run = clamped_run(at, v, vec)) {
+        // A cat's part: the group's `vec` elements at its base clamped to [lo, hi - vec + 1]
+        // (exact where the group lies in the part; elsewhere not used: kir::ExprKind::Clamp).
+        at.opaque = kir::clamp_index(run->e, run->lo, run->hi - vec + 1);
+      } else if (at.coef(v) == 0) { // the same element for every lane: load it once
         o.line(2, e.load_line(s.load));
         e.replace[&s] = "";
         continue;
@@ -98,8 +207,7 @@ void emit_vectorized(Emitter& e, const std::string& name, int vec, int threads) 
       const std::string st = kir::ctype(b.dtype);
       const std::string reg = "kr_ld" + std::to_string(n++);
       o.line(2, "const kr_vec<" + st + ", " + lanes + "> " + reg + " = kr_load_vec<" + st +
-                    ", " + lanes + ">(" + b.name + " + " + index_expr(s.load.index, base) +
-                    ");");
+                    ", " + lanes + ">(" + b.name + " + " + index_expr(at, base) + ");");
       e.replace[&s] = std::string("const ") + kir::ctype(s.load.dtype) + " " + s.load.var +
                       " = " + load_conv(b.dtype, s.load.dtype, reg + ".v[kr_l]") + ";";
     } else if (s.kind == Stmt::Kind::Store) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -127,8 +128,23 @@ inline Analysis analyze(const Kernel& k) {
                       : s.kind == Stmt::Kind::Store ? &s.store.index
                                                     : nullptr;
     if (!ix) return;
-    // An opaque part may compute intermediates larger than the index: keep it 64-bit.
-    a.wide |= !ix->affine() || index_bound(*ix, a.extents) >= kNarrowLimit;
+    // An opaque part may compute intermediates larger than the index: 64-bit unless each of
+    // them stays in range (a cat's clamped reads, divisions by constants).
+    int64_t bound = index_bound(*ix, a.extents);
+    if (ix->opaque) {
+      auto range = kir::int_range(
+          ix->opaque,
+          [&](const std::string& v) -> std::optional<kir::Range> {
+            auto it = a.extents.find(v);
+            if (it == a.extents.end()) return std::nullopt;
+            return kir::Range{0, std::max<int64_t>(it->second - 1, 0)};
+          },
+          kNarrowLimit);
+      bound = !range ? INT64_MAX
+                     : bound + std::max(range->first < 0 ? -range->first : range->first,
+                                        range->second < 0 ? -range->second : range->second);
+    }
+    a.wide |= bound >= kNarrowLimit;
   });
   return a;
 }
@@ -481,8 +497,16 @@ CudaLaunch grid_stride_launch(int64_t work);
 void emit_grid_stride(Emitter& e, const std::string& name, int threads);
 
 
+// A load of a cat's part along the innermost grid loop (kir::ExprKind::Clamp); see
+// cuda_pointwise.cpp.
+struct ClampedRun {
+  kir::Expr e;
+  int64_t lo, hi;
+};
+std::optional<ClampedRun> clamped_run(const Index& ix, const std::string& v, int vec);
+
 // The vectorized pointwise variant: each thread and trip handles `vec` consecutive elements of
-// the innermost grid loop. Returns 0 when the kernel does not qualify.
+// the innermost grid loop (cat parts included). Returns 0 when the kernel does not qualify.
 int vector_width(const Kernel& k, const Analysis& a);
 
 

@@ -96,13 +96,14 @@ Index Index::renamed(const std::string& from, const std::string& to) const {
   return out;
 }
 
-Expr Index::expr() const {
+Expr Index::expr(DType t) const {
+  KR_INTERNAL(t == DType::Int64 || (t == DType::Int32 && !opaque), "Index::expr: ", dtype_name(t),
+              " for ", str());
   Expr e = opaque;
-  auto add = [&](const Expr& t) { e = e ? binary(ExprKind::Add, e, t) : t; };
+  auto add = [&](const Expr& x) { e = e ? binary(ExprKind::Add, e, x) : x; };
   for (const auto& [v, c] : terms)
-    add(c == 1 ? var(v, DType::Int64)
-               : binary(ExprKind::Mul, int_lit(c, DType::Int64), var(v, DType::Int64)));
-  if (constant != 0 || !e) add(int_lit(constant, DType::Int64));
+    add(c == 1 ? var(v, t) : binary(ExprKind::Mul, int_lit(c, t), var(v, t)));
+  if (constant != 0 || !e) add(int_lit(constant, t));
   return e;
 }
 

@@ -58,8 +58,9 @@ struct Index {
   bool mentions(const std::string& var) const;
   // The index with loop variable `from` renamed `to`.
   Index renamed(const std::string& from, const std::string& to) const;
-  // The whole index as one int64 expression.
-  Expr expr() const;
+  // The whole index as one expression, in int64 or (an affine index whose values fit) int32:
+  // 32-bit arithmetic lets the device compiler see through it (merging equal helper calls).
+  Expr expr(DType t = DType::Int64) const;
   std::string str() const; // C expression, int64_t arithmetic
 };
 

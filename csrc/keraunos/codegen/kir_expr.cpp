@@ -2,6 +2,7 @@
 
 #include "keraunos/ir/error.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -151,6 +152,7 @@ const char* infix(ExprKind k) {
   case ExprKind::Not:
   case ExprKind::BitNot:
   case ExprKind::Select:
+  case ExprKind::Clamp:
   case ExprKind::Call:
     break;
   }
@@ -227,6 +229,13 @@ Expr select(const Expr& c, const Expr& a, const Expr& b) {
   return intern(std::move(n));
 }
 
+Expr clamp_index(const Expr& i, int64_t lo, int64_t hi) {
+  KR_INTERNAL(is_int(i->dtype) && lo <= hi, "clamp_index: bad operands");
+  ExprNode n = node(ExprKind::Clamp, DType::Int64);
+  n.args = {cast(DType::Int64, i), int_lit(lo, DType::Int64), int_lit(hi, DType::Int64)};
+  return intern(std::move(n));
+}
+
 Expr call(const std::string& helper, std::vector<Expr> args, DType result,
           std::optional<OpId> prim) {
   ExprNode n = node(ExprKind::Call, result);
@@ -234,6 +243,88 @@ Expr call(const std::string& helper, std::vector<Expr> args, DType result,
   n.args = std::move(args);
   n.prim = prim;
   return intern(std::move(n));
+}
+
+std::optional<Range> int_range(const Expr& e,
+                               const std::function<std::optional<Range>(const std::string&)>& var_range,
+                               int64_t limit) {
+  using R = std::optional<Range>;
+  auto fits = [&](__int128 lo, __int128 hi) -> R {
+    if (lo < -static_cast<__int128>(limit) || hi > limit) return std::nullopt;
+    return Range{static_cast<int64_t>(lo), static_cast<int64_t>(hi)};
+  };
+  if (e->dtype == DType::Bool) { // comparisons, logic: integer operands must fit too
+    for (const Expr& x : e->args)
+      if (is_int(x->dtype) && x->dtype != DType::Bool && !int_range(x, var_range, limit))
+        return std::nullopt;
+    return Range{0, 1};
+  }
+  std::vector<Range> a;
+  for (const Expr& x : e->args) {
+    if (e->kind == ExprKind::Select && a.empty()) { // the condition: a bool
+      a.push_back({0, 1});
+      continue;
+    }
+    R r = int_range(x, var_range, limit);
+    if (!r) return std::nullopt;
+    a.push_back(*r);
+  }
+  switch (e->kind) {
+  case ExprKind::Var:
+    return is_int(e->dtype) ? var_range(e->name) : std::nullopt;
+  case ExprKind::Int:
+    return fits(e->i, e->i);
+  case ExprKind::Bool:
+    return Range{0, 1};
+  case ExprKind::Cast: // to a wider (or equal) integer type only
+    return is_int(e->dtype) && rank(e->dtype) >= rank(e->args[0]->dtype) ? R(a[0]) : std::nullopt;
+  case ExprKind::Neg:
+    return fits(-static_cast<__int128>(a[0].second), -static_cast<__int128>(a[0].first));
+  case ExprKind::Add:
+    return fits(static_cast<__int128>(a[0].first) + a[1].first,
+                static_cast<__int128>(a[0].second) + a[1].second);
+  case ExprKind::Sub:
+    return fits(static_cast<__int128>(a[0].first) - a[1].second,
+                static_cast<__int128>(a[0].second) - a[1].first);
+  case ExprKind::Mul: {
+    __int128 p[4] = {static_cast<__int128>(a[0].first) * a[1].first,
+                     static_cast<__int128>(a[0].first) * a[1].second,
+                     static_cast<__int128>(a[0].second) * a[1].first,
+                     static_cast<__int128>(a[0].second) * a[1].second};
+    return fits(*std::min_element(p, p + 4), *std::max_element(p, p + 4));
+  }
+  case ExprKind::Div: // by a positive literal: C truncates toward zero
+    if (e->args[1]->kind != ExprKind::Int || e->args[1]->i <= 0) return std::nullopt;
+    return fits(a[0].first / e->args[1]->i, a[0].second / e->args[1]->i);
+  case ExprKind::Mod: { // by a positive literal: the sign of the dividend
+    if (e->args[1]->kind != ExprKind::Int || e->args[1]->i <= 0) return std::nullopt;
+    const int64_t m = e->args[1]->i - 1;
+    return fits(a[0].first < 0 ? -m : 0, a[0].second > 0 ? m : 0);
+  }
+  case ExprKind::Eq:
+  case ExprKind::Ne:
+  case ExprKind::Lt:
+  case ExprKind::Le:
+  case ExprKind::Gt:
+  case ExprKind::Ge:
+  case ExprKind::And:
+  case ExprKind::Or:
+  case ExprKind::Not:
+    return Range{0, 1};
+  case ExprKind::Select:
+    return fits(std::min(a[1].first, a[2].first), std::max(a[1].second, a[2].second));
+  case ExprKind::Clamp:
+    return fits(std::max(std::min(a[0].first, a[2].first), a[1].first),
+                std::min(std::max(a[0].second, a[1].first), a[2].second));
+  case ExprKind::Float:
+  case ExprKind::BitNot:
+  case ExprKind::BitAnd:
+  case ExprKind::BitOr:
+  case ExprKind::BitXor:
+  case ExprKind::Call:
+    return std::nullopt;
+  }
+  return std::nullopt;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -314,8 +405,9 @@ void print(std::string& out, const Expr& e) {
     out += " : ";
     operand(out, e->args[2]);
     return;
+  case ExprKind::Clamp:
   case ExprKind::Call:
-    out += e->name;
+    out += e->kind == ExprKind::Clamp ? "kr_clamp_index" : e->name.c_str();
     out += "(";
     for (size_t k = 0; k < e->args.size(); ++k) {
       if (k) out += ", ";
@@ -575,6 +667,12 @@ private:
     if (name == "kr_nan_f" || name == "kr_inf_f" || name == "kr_nan_d" || name == "kr_inf_d") {
       const DType d = name.back() == 'f' ? DType::Float32 : DType::Float64;
       return float_lit(name[3] == 'n' ? std::nan("") : HUGE_VAL, d);
+    }
+    if (name == "kr_clamp_index") {
+      KR_INTERNAL(args.size() == 3 && args[1]->kind == ExprKind::Int &&
+                      args[2]->kind == ExprKind::Int,
+                  "kir::parse: kr_clamp_index takes an index and two integer literals");
+      return clamp_index(args[0], args[1]->i, args[2]->i);
     }
     if (name == "kr_h2f" || name == "kr_bf2f") return call(name, args, DType::Float32);
     if (name == "kr_f2h") return call(name, args, DType::Float16);

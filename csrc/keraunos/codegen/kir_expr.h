@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace keraunos::kir {
@@ -56,7 +57,12 @@ enum class ExprKind : uint8_t {
   And,
   Or,
   Select, // args[0] ? args[1] : args[2]
-  Call,   // a helper of the device headers (kr_cpu.h, kr_cuda.cuh): kr_exp, kr_h2f, ...
+  // An index kept in bounds (a cat's part read where the part may not hold the element):
+  // args[0] where it lies in [args[1], args[2]] (integer literals); elsewhere some position in
+  // that range, whose element is not used (a select picks another part). Printed as an exact
+  // clamp; a vectorized schedule may read a whole group at a clamped base instead.
+  Clamp,
+  Call, // a helper of the device headers (kr_cpu.h, kr_cuda.cuh): kr_exp, kr_h2f, ...
 };
 
 struct ExprNode;
@@ -86,6 +92,7 @@ Expr cast(DType to, const Expr& a); // a itself when already of dtype `to`
 Expr unary(ExprKind k, const Expr& a);
 Expr binary(ExprKind k, const Expr& a, const Expr& b);
 Expr select(const Expr& c, const Expr& a, const Expr& b);
+Expr clamp_index(const Expr& i, int64_t lo, int64_t hi); // int64, lo <= hi
 Expr call(const std::string& helper, std::vector<Expr> args, DType result,
           std::optional<OpId> prim = std::nullopt);
 // The device helper that computes an elementwise prim, by name: kr_exp for prim_exp (the
@@ -105,6 +112,14 @@ void for_each_var(const Expr& e, const std::function<void(const std::string&)>& 
 Expr substitute(const Expr& e, const std::function<Expr(const ExprNode&)>& fn);
 // Renames one variable.
 Expr rename(const Expr& e, const std::string& from, const std::string& to);
+
+// The values an integer expression takes, by interval arithmetic, with var_range giving each
+// variable's (nullopt: unknown, e.g. a loaded value). nullopt where unknown or where any
+// intermediate value may leave [-limit, limit] (the caller then computes it wider).
+using Range = std::pair<int64_t, int64_t>;
+std::optional<Range> int_range(const Expr& e,
+                               const std::function<std::optional<Range>(const std::string&)>& var_range,
+                               int64_t limit);
 
 // Parses the C subset c_text prints (for tests and golden kernels: text in, text out).
 // `type_of` gives the dtype of a variable. Throws keraunos::Error on bad text.

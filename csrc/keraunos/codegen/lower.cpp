@@ -545,7 +545,9 @@ private:
   std::string random(const Node& n, bool normal) {
     const TensorRef& seed = random_.seed_of(n.t->device);
     kir::Expr key = ref(load(seed, {}));
-    kir::Expr off = linear(n.idx, contiguous_strides(n.b.args[0].int_list())).ix.expr();
+    const Shape& shape = n.b.args[0].int_list();
+    const kir::Index at = linear(n.idx, contiguous_strides(shape)).ix;
+    kir::Expr off = at.expr(at.affine() && numel(shape) <= INT32_MAX ? DType::Int32 : DType::Int64);
     kir::Expr stream = kir::int_lit(position_.at(n.t.get()), DType::Int64);
     const DType c = out_c(n);
     const bool f64 = c == DType::Float64;
@@ -633,11 +635,8 @@ private:
       Dim local = d;
       local.ix.constant -= begin;
       const bool below = !known || lo < begin, above = !known || hi >= end;
-      if (below || above) { // clamp into [0, size - 1] where the index leaves it
-        kir::Expr e = local.ix.expr();
-        kir::Expr zero = kir::int_lit(0, DType::Int64), last = kir::int_lit(size - 1, DType::Int64);
-        if (above) e = kir::select(kir::binary(K::Gt, e, last), last, e);
-        if (below) e = kir::select(kir::binary(K::Lt, local.ix.expr(), zero), zero, e);
+      if (below || above) { // kept in [0, size - 1] where the index leaves it
+        kir::Expr e = kir::clamp_index(local.ix.expr(), 0, size - 1);
         local = Dim{};
         local.ix.opaque = e;
         local.deps = deps_of(d);

@@ -581,6 +581,12 @@ static inline uint16_t kr_f2bf(float f) {
   return static_cast<uint16_t>(f != f ? 0x7fc0u : r);
 }
 
+// An index kept in bounds (kir::ExprKind::Clamp: a cat's part read where it may not hold the
+// element; the value read is then not used).
+static inline int64_t kr_clamp_index(int64_t i, int64_t lo, int64_t hi) {
+  return i < lo ? lo : i > hi ? hi : i;
+}
+
 // ---- random draws (codegen/lower.cpp, KernelGen::uniform) -------------------------------------
 // Philox4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3",
 // SC'11; the generator of torch's CUDA draws and of cuRAND): the block at counter (offset's low
@@ -610,19 +616,27 @@ static inline kr_u32x4 kr_philox(int64_t seed, int64_t offset, int64_t stream) {
 }
 // Uniform on [0, 1) with `bits` random bits (24 for float32, 11 for float16, 8 for bfloat16:
 // every value is exact in the result's dtype, so none rounds up to 1).
+// One Philox block gives four 32-bit words: element `offset` of a stream takes word offset % 4
+// of block offset / 4 (two words, block offset / 2, where it needs 64 bits), so the elements
+// a thread computes side by side share one block (the compiler merges the equal calls).
+static inline uint32_t kr_philox_word(kr_u32x4 r, int64_t i) {
+  return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w;
+}
 static inline float kr_philox_uniform(int64_t seed, int64_t offset, int64_t stream, int64_t bits) {
-  uint32_t x = kr_philox(seed, offset, stream).x;
+  uint32_t x = kr_philox_word(kr_philox(seed, offset >> 2, stream), offset & 3);
   return (float)(x >> (32 - bits)) * (1.0f / (float)(1u << bits));
 }
 static inline double kr_philox_uniform64(int64_t seed, int64_t offset, int64_t stream) {
-  kr_u32x4 r = kr_philox(seed, offset, stream);
-  return (double)(((uint64_t)r.x << 21) | (r.y >> 11)) * 0x1p-53;
+  kr_u32x4 r = kr_philox(seed, offset >> 1, stream);
+  uint32_t hi = (offset & 1) ? r.z : r.x, lo = (offset & 1) ? r.w : r.y;
+  return (double)(((uint64_t)hi << 21) | (lo >> 11)) * 0x1p-53;
 }
 // Standard normal by Box-Muller: u1 in (0, 1] (its log is finite), u2 in [0, 1).
 static inline float kr_philox_normal(int64_t seed, int64_t offset, int64_t stream) {
-  kr_u32x4 r = kr_philox(seed, offset, stream);
-  float u1 = (float)((r.x >> 8) + 1u) * 0x1p-24f;
-  float u2 = (float)(r.y >> 8) * 0x1p-24f;
+  kr_u32x4 r = kr_philox(seed, offset >> 1, stream);
+  uint32_t a = (offset & 1) ? r.z : r.x, b = (offset & 1) ? r.w : r.y;
+  float u1 = (float)((a >> 8) + 1u) * 0x1p-24f;
+  float u2 = (float)(b >> 8) * 0x1p-24f;
   return kr_sqrt(-2.0f * kr_log(u1)) * kr_cos(6.28318530717958648f * u2);
 }
 static inline double kr_philox_normal64(int64_t seed, int64_t offset, int64_t stream) {

@@ -541,6 +541,12 @@ template <int N> KR_DEVICE kr_vec<unsigned, N / 2> kr_pack_bf16(const float (&f)
   return r;
 }
 
+// An index kept in bounds (kir::ExprKind::Clamp: a cat's part read where it may not hold the
+// element; the value read is then not used).
+KR_DEVICE int64_t kr_clamp_index(int64_t i, int64_t lo, int64_t hi) {
+  return i < lo ? lo : i > hi ? hi : i;
+}
+
 // ---- random draws (codegen/lower.cpp, KernelGen::uniform) -------------------------------------
 // Philox4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3",
 // SC'11; the generator of torch's CUDA draws and of cuRAND): the block at counter (offset's low
@@ -556,10 +562,9 @@ KR_DEVICE kr_u32x4 kr_philox(int64_t seed, int64_t offset, int64_t stream) {
   uint32_t c2 = (uint32_t)stream, c3 = 0;
   uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32);
   for (int r = 0; r < 10; ++r) {
-    uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-    c1 = (uint32_t)p1;
-    c3 = (uint32_t)p0;
+    uint32_t n0 = __umulhi(0xCD9E8D57u, c2) ^ c1 ^ k0, n2 = __umulhi(0xD2511F53u, c0) ^ c3 ^ k1;
+    c1 = 0xCD9E8D57u * c2;
+    c3 = 0xD2511F53u * c0;
     c0 = n0;
     c2 = n2;
     k0 += 0x9E3779B9u;
@@ -570,19 +575,27 @@ KR_DEVICE kr_u32x4 kr_philox(int64_t seed, int64_t offset, int64_t stream) {
 }
 // Uniform on [0, 1) with `bits` random bits (24 for float32, 11 for float16, 8 for bfloat16:
 // every value is exact in the result's dtype, so none rounds up to 1).
+// One Philox block gives four 32-bit words: element `offset` of a stream takes word offset % 4
+// of block offset / 4 (two words, block offset / 2, where it needs 64 bits), so the elements
+// a thread computes side by side share one block (the compiler merges the equal calls).
+KR_DEVICE uint32_t kr_philox_word(kr_u32x4 r, int64_t i) {
+  return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w;
+}
 KR_DEVICE float kr_philox_uniform(int64_t seed, int64_t offset, int64_t stream, int64_t bits) {
-  uint32_t x = kr_philox(seed, offset, stream).x;
+  uint32_t x = kr_philox_word(kr_philox(seed, offset >> 2, stream), offset & 3);
   return (float)(x >> (32 - bits)) * (1.0f / (float)(1u << bits));
 }
 KR_DEVICE double kr_philox_uniform64(int64_t seed, int64_t offset, int64_t stream) {
-  kr_u32x4 r = kr_philox(seed, offset, stream);
-  return (double)(((uint64_t)r.x << 21) | (r.y >> 11)) * 0x1p-53;
+  kr_u32x4 r = kr_philox(seed, offset >> 1, stream);
+  uint32_t hi = (offset & 1) ? r.z : r.x, lo = (offset & 1) ? r.w : r.y;
+  return (double)(((uint64_t)hi << 21) | (lo >> 11)) * 0x1p-53;
 }
 // Standard normal by Box-Muller: u1 in (0, 1] (its log is finite), u2 in [0, 1).
 KR_DEVICE float kr_philox_normal(int64_t seed, int64_t offset, int64_t stream) {
-  kr_u32x4 r = kr_philox(seed, offset, stream);
-  float u1 = (float)((r.x >> 8) + 1u) * 0x1p-24f;
-  float u2 = (float)(r.y >> 8) * 0x1p-24f;
+  kr_u32x4 r = kr_philox(seed, offset >> 1, stream);
+  uint32_t a = (offset & 1) ? r.z : r.x, b = (offset & 1) ? r.w : r.y;
+  float u1 = (float)((a >> 8) + 1u) * 0x1p-24f;
+  float u2 = (float)(b >> 8) * 0x1p-24f;
   return kr_sqrt(-2.0f * kr_log(u1)) * kr_cos(6.28318530717958648f * u2);
 }
 KR_DEVICE double kr_philox_normal64(int64_t seed, int64_t offset, int64_t stream) {
