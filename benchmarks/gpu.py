@@ -100,8 +100,30 @@ def cases(quick):
             for v in ce_vocabs
             for dt in (f32, bf16)
         ),
+        llama_case(quick, bf16),
         bu.Case("overhead", bu.chain10, [(16,)], f32, extra={"overhead": True}),
     ]
+
+
+def llama_case(quick, dtype):
+    """A LLaMA-style decoder layer's forward (bench_util.llama_layer): hidden 2048, 16 heads of
+    128 with 4 key/value heads, SwiGLU 5632, batch 4 × 1024 tokens (quick: tiny)."""
+    b, s, h, nh, nkv, d, i = (
+        (1, 64, 256, 4, 2, 64, 512) if quick else (4, 1024, 2048, 16, 4, 128, 5632)
+    )
+    shapes = [(b, s, h), (h,), (nh * d, h), (nkv * d, h), (nkv * d, h), (h, h), (h,)]
+    shapes += [(i, h), (i, h), (h, i), (s, d), (s, d)]
+    scales = {2: h**-0.5, 3: h**-0.5, 4: h**-0.5, 5: h**-0.5, 7: h**-0.5, 8: h**-0.5, 9: i**-0.5}
+    return bu.Case(
+        "llama_layer",
+        bu.llama_layer,
+        shapes,
+        dtype,
+        scales=scales,
+        check=bu.check_close,
+        nbytes=lambda inputs, out: sum(t.nbytes for t in inputs) + out.nbytes,
+        label=f"llama_layer {b}×{s}×{h}",
+    )
 
 
 def parse():
