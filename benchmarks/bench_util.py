@@ -181,6 +181,8 @@ class Case:
     check: Callable | None = None
     # input position -> factor its random values are scaled by (weights: 1 / sqrt(fan-in))
     scales: dict = field(default_factory=dict)
+    # keraunos.jit's options for this case (the label says which)
+    jit_options: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.label:
@@ -219,13 +221,13 @@ def select(cases, spec):
     return [c for w in wanted for c in cases if c.name == w]
 
 
-def make_runner(kind, fn):
+def make_runner(kind, fn, jit_options=None):
     if kind == "eager":
         return fn
     if kind == "compile":
         return torch.compile(fn, dynamic=False)
     if kind == "keraunos":
-        return keraunos.jit(fn)
+        return keraunos.jit(fn, **(jit_options or {}))
     raise ValueError(kind)
 
 
@@ -290,7 +292,7 @@ def bench_case(case, device, rounds, round_s, max_iters=10_000, log=print):
         r = {}
         res["competitors"][kind] = r
         try:
-            run = make_runner(kind, case.fn)
+            run = make_runner(kind, case.fn, case.jit_options)
             t = time.perf_counter()
             out = run(*inputs)
             sync(device)
@@ -377,7 +379,7 @@ def child_main(case, backend, device):
         # the figure is the compilation, not a one-time module import.
         import torch._inductor.compile_fx  # noqa: F401
     before = cache_stats(device) if backend == "keraunos" else None
-    run = make_runner(backend, case.fn)
+    run = make_runner(backend, case.fn, case.jit_options)
     t = time.perf_counter()
     run(*inputs)
     sync(device)

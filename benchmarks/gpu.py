@@ -107,7 +107,9 @@ def cases(quick):
 
 def llama_case(quick, dtype):
     """A LLaMA-style decoder layer's forward (bench_util.llama_layer): hidden 2048, 16 heads of
-    128 with 4 key/value heads, SwiGLU 5632, batch 4 × 1024 tokens (quick: tiny)."""
+    128 with 4 key/value heads, SwiGLU 5632, batch 4 × 1024 tokens (quick: tiny). keraunos
+    fuses along data edges (fusion_type="dataflow"): the SwiGLU product joins the silu across
+    the up projection's matmul."""
     b, s, h, nh, nkv, d, i = (
         (1, 64, 256, 4, 2, 64, 512) if quick else (4, 1024, 2048, 16, 4, 128, 5632)
     )
@@ -122,7 +124,8 @@ def llama_case(quick, dtype):
         scales=scales,
         check=bu.check_close,
         nbytes=lambda inputs, out: sum(t.nbytes for t in inputs) + out.nbytes,
-        label=f"llama_layer {b}×{s}×{h}",
+        jit_options={"fusion_type": "dataflow"},
+        label=f"llama_layer {b}×{s}×{h} (jit dataflow)",
     )
 
 
@@ -160,7 +163,7 @@ def bench_overhead(case, device, rounds, calls):
     runners = {}
     for kind in bu.COMPETITORS:
         try:
-            run = bu.make_runner(kind, case.fn)
+            run = bu.make_runner(kind, case.fn, case.jit_options)
             for _ in range(50):  # compile and warm up
                 run(*x)
             bu.sync(device)

@@ -75,7 +75,14 @@ def sibling_regions_with_a_path_between(x, w):
     return a + b
 
 
+def swiglu(x, wg, wu):
+    # dataflow: the product joins the silu's region after both matmuls (the up projection
+    # does not read from it); a producer that does read from it keeps them apart (above).
+    return torch.nn.functional.silu(x @ wg) * (x @ wu)
+
+
 PATTERNS = {
+    "swiglu": (swiglu, lambda: (torch.randn(2, 8), torch.randn(8, 4), torch.randn(8, 4))),
     "chain_around_matmul": (chain_around_matmul, lambda: (torch.randn(4, 4), torch.randn(4, 4))),
     "independent_branches": (independent_branches, lambda: (torch.randn(3), torch.randn(3))),
     "random_order": (random_order, lambda: (torch.randn(4, 4), torch.randn(4, 4))),

@@ -2,7 +2,7 @@
 //
 // `consecutive` merges runs of adjacent fusible symbols and keeps program order. `dataflow`
 // lets a fusible symbol join the region of one of its producers when the merge can make no
-// cycle, then emits the regions and the other symbols in a topological order of their data
+// cycle (no other producer of the symbol reads from that region), then emits the regions and the other symbols in a topological order of their data
 // edges (ties keep program order). Random draws are chained (each depends on the previous
 // one), so they keep eager's order and its random numbers. The epilogue copies into inputs
 // and `return` always stay last.
@@ -134,13 +134,32 @@ PassResult partition(const Trace& trace, const PassContext& ctx) {
           continue;
         }
       }
+      // Whether symbol q reads (through any path) from region r: the symbols q depends on,
+      // back to r's start (a bounded search; past the bound, assume it does).
+      auto reads_from = [&](int q, int r) {
+        std::vector<int> stack{q};
+        std::unordered_set<int> seen{q};
+        while (!stack.empty()) {
+          const int s = stack.back();
+          stack.pop_back();
+          if (find(parent, s) == r) return true;
+          for (int x : g.producers[s])
+            if (x >= first[r] && seen.insert(x).second) {
+              if (seen.size() > 4096) return true;
+              stack.push_back(x);
+            }
+        }
+        return false;
+      };
       for (auto it = g.producers[i].rbegin(); it != g.producers[i].rend(); ++it) {
         int p = *it;
         if (!can_fuse[p]) continue;
         int r = find(parent, p);
+        // Joining r makes a cycle only when another producer reads from r: `silu(x @ a) *
+        // (x @ b)` puts the product with the silu, after both matmuls.
         bool safe = true;
         for (int q : g.producers[i])
-          if (find(parent, q) != r && q >= first[r]) safe = false;
+          if (find(parent, q) != r && q >= first[r] && reads_from(q, r)) safe = false;
         if (safe) {
           parent[find(parent, i)] = r;
           break;
