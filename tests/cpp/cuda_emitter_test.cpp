@@ -305,6 +305,61 @@ TEST(CudaEmitter, TinyReductionsRunOneThreadPerPoint) {
   EXPECT_COMPILES(k);
 }
 
+namespace {
+
+// argmax over the last dim of [rows, cols] (lower.cpp): a max of (value, position) keys.
+Kernel row_argmax(int64_t rows, int64_t cols, DType dt = F32) {
+  Kernel k;
+  k.name = "row_argmax";
+  k.device = DeviceType::CUDA;
+  k.buffers = {buffer("in0", dt, false, {rows, cols}), buffer("out0", DType::Int64, true, {rows})};
+  k.body = {par("i0", rows,
+                {acc("a0", DType::Int64, ReduceOp::Max),
+                 red("r0", cols,
+                     {load("v0", F32, 0, idx({{"i0", cols}, {"r0", 1}})),
+                      let("v1", DType::Int64, "kr_argmax_key(v0, r0)"),
+                      update("a0", ReduceOp::Max, "v1")}),
+                 let("v2", DType::Int64, "kr_argmax_index(a0)"), store(1, idx({{"i0", 1}}), "v2")})};
+  return k;
+}
+
+} // namespace
+
+TEST(CudaEmitter, ArgmaxCombinesPositionKeysAcrossTheRow) {
+  // Warp (short rows), block and cluster (long rows) schedules all-reduce the int64 keys with
+  // the integer max: the first position of the largest value wins however the row is split.
+  for (const auto& [cols, schedule] : std::vector<std::pair<int64_t, std::string>>{
+           {100, "warp"}, {4096, "block"}, {65536, "cluster"}}) {
+    const Kernel k = row_argmax(64, cols, DType::BFloat16);
+    const CudaKernelSource s = emit_cuda(k, kH200);
+    EXPECT_EQ(s.schedule, schedule) << cols;
+    const std::string src = kernels(s);
+    EXPECT_TRUE(has(src, "const int64_t v1 = kr_argmax_key(v0, r0);")) << src;
+    EXPECT_TRUE(has(src, "allreduce") && has(src, "<KR_MAX, ")) << src;
+    EXPECT_TRUE(has(src, "int64_t a0 = kr_identity<KR_MAX, int64_t>();")) << src;
+    EXPECT_COMPILES(k);
+  }
+}
+
+TEST(CudaEmitter, ScansRunOneThreadPerRow) {
+  // cumsum over the last dim of [64, 1000]: each thread walks its row in order.
+  Kernel k;
+  k.name = "row_cumsum";
+  k.buffers = {buffer("in0", F32, false, {64, 1000}), buffer("out0", F32, true, {64, 1000})};
+  const Index ix = idx({{"i0", 1000}, {"s0", 1}});
+  k.body = {par("i0", 64,
+                {acc("a0", F32, ReduceOp::Sum),
+                 loop("s0", 1000, LoopKind::Scan,
+                      {load("v0", F32, 0, ix), update("a0", ReduceOp::Sum, "v0"),
+                       let("v1", F32, "a0"), store(1, ix, "v1")})})};
+  const CudaKernelSource s = emit_cuda(k, kH200);
+  EXPECT_EQ(s.schedule, "thread");
+  const std::string src = kernels(s);
+  EXPECT_TRUE(has(src, "for (int s0 = 0; s0 < 1000; ++s0) {")) << src;
+  EXPECT_TRUE(has(src, "a0 = kr_combine<KR_SUM, float>(a0, v0);")) << src;
+  EXPECT_COMPILES(k);
+}
+
 TEST(CudaEmitter, ColumnReductionRunsOneThreadPerColumn) {
   const Kernel k = column_max(1024, 65536);
   const CudaKernelSource s = emit_cuda(k, kH200);

@@ -105,7 +105,14 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
           if (b.kind == Stmt::Kind::Load)
             row_itemsize = std::max<int64_t>(row_itemsize, itemsize(k.buffers.at(b.load.buffer).dtype));
         });
-    if (longest <= 16 || columns) {
+    // A Scan loop runs serially: one thread per outer point walks it (a sequential running sum
+    // per row; the rows of a scan over an outer dim are neighbouring elements, so a warp's
+    // loads coalesce).
+    bool scan = false;
+    visit(k.body, [&](const Stmt& s) {
+      scan |= s.kind == Stmt::Kind::Loop && s.loop->kind == LoopKind::Scan;
+    });
+    if (longest <= 16 || columns || scan) {
       r.schedule = "thread";
       r.launch = grid_stride_launch(a.points);
       emit_grid_stride(e, r.entry, static_cast<int>(r.launch.block[0]));

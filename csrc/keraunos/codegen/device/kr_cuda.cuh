@@ -139,6 +139,24 @@ KR_DEVICE double kr_minimum(double a, double b) { return (a != a || b != b) ? kr
 template <class T> KR_DEVICE T kr_maximum(T a, T b) { return a < b ? b : a; }
 template <class T> KR_DEVICE T kr_minimum(T a, T b) { return b < a ? b : a; }
 
+// argmax / argmin as a max / min of int64 keys, as kr_cpu.h defines them: the warp, block and
+// cluster all-reduces combine (value, position) pairs by an integer max / min, which keeps the
+// first position of the extreme value (the first NaN if any) however the threads split a row.
+KR_DEVICE int64_t kr_arg_order(float x) {
+  const int i = __float_as_int(x == 0.0f ? 0.0f : x);
+  return i < 0 ? (i ^ 0x7fffffff) : i;
+}
+template <class T> KR_DEVICE int64_t kr_arg_order(T x) { return static_cast<int64_t>(x); }
+KR_DEVICE int64_t kr_arg_key(int64_t order, int64_t low) { return order * 4294967296L + low; }
+template <class T> KR_DEVICE int64_t kr_argmax_key(T x, int64_t i) {
+  return kr_arg_key(x != x ? 2147483647L : kr_arg_order(x), 4294967295L - i);
+}
+template <class T> KR_DEVICE int64_t kr_argmin_key(T x, int64_t i) {
+  return kr_arg_key(x != x ? -2147483647L - 1 : kr_arg_order(x), i);
+}
+KR_DEVICE int64_t kr_argmax_index(int64_t key) { return 4294967295L - (key & 4294967295L); }
+KR_DEVICE int64_t kr_argmin_index(int64_t key) { return key & 4294967295L; }
+
 // A gather's index (codegen/lower.cpp, KernelGen::gathered): one outside [0, n) ends the kernel
 // with an error, as eager's device-side assert does, instead of reading out of bounds.
 KR_DEVICE int64_t kr_check_index(int64_t i, int64_t n) {
