@@ -250,6 +250,57 @@ template <int OP, int WIDTH, class T> KR_DEVICE T kr_warp_allreduce(T v) {
   return v;
 }
 
+// Shuffles up (from lane - d) and from a given lane, for the scan's accumulator types.
+KR_DEVICE float kr_shfl_up(float v, unsigned d) { return __shfl_up_sync(0xffffffffu, v, d); }
+KR_DEVICE double kr_shfl_up(double v, unsigned d) { return __shfl_up_sync(0xffffffffu, v, d); }
+KR_DEVICE long kr_shfl_up(long v, unsigned d) {
+  return static_cast<long>(__shfl_up_sync(0xffffffffu, static_cast<long long>(v), d));
+}
+template <class T> KR_DEVICE T kr_shfl_up(T v, unsigned d) {
+  return static_cast<T>(__shfl_up_sync(0xffffffffu, static_cast<int>(v), d));
+}
+KR_DEVICE float kr_shfl_idx(float v, int l) { return __shfl_sync(0xffffffffu, v, l); }
+KR_DEVICE double kr_shfl_idx(double v, int l) { return __shfl_sync(0xffffffffu, v, l); }
+KR_DEVICE long kr_shfl_idx(long v, int l) {
+  return static_cast<long>(__shfl_sync(0xffffffffu, static_cast<long long>(v), l));
+}
+template <class T> KR_DEVICE T kr_shfl_idx(T v, int l) {
+  return static_cast<T>(__shfl_sync(0xffffffffu, static_cast<int>(v), l));
+}
+
+// Inclusive prefix sum over a 1-d block of NT threads (a multiple of 32, NT <= 1024), in thread
+// order; `total` gets the sum of all NT values in every thread. `smem` holds 32 values of T.
+// Every thread of the block must call it. It starts with a barrier, so back-to-back calls may
+// share `smem`. (The block scan schedule of cumsum, cuda_scan.cpp.)
+template <int NT, class T> KR_DEVICE T kr_block_inclusive_scan(T v, T* smem, T& total) {
+  static_assert(NT % 32 == 0 && NT <= 1024, "whole warps, at most 1024 threads");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (unsigned d = 1; d < 32; d *= 2) {
+    const T n = kr_shfl_up(v, d);
+    if (lane >= (int)d) v += n;
+  }
+  if constexpr (NT == 32) {
+    total = kr_shfl_idx(v, 31);
+  } else {
+    constexpr int kWarps = NT / 32;
+    __syncthreads();
+    if (lane == 31) smem[warp] = v;
+    __syncthreads();
+    // Every warp scans the warps' sums itself: no third barrier.
+    T w = lane < kWarps ? smem[lane] : T(0);
+#pragma unroll
+    for (unsigned d = 1; d < kWarps; d *= 2) {
+      const T n = kr_shfl_up(w, d);
+      if (lane >= (int)d) w += n;
+    }
+    total = kr_shfl_idx(w, kWarps - 1);
+    const T before = kr_shfl_idx(w, warp > 0 ? warp - 1 : 0);
+    if (warp > 0) v += before;
+  }
+  return v;
+}
+
 // All-reduce over a 1-d block of NT threads (a power of two, NT <= 1024); every thread gets the
 // result. `smem` holds 32 values of T (256 bytes cover every accumulator type). Every thread of
 // the block must call it. It starts with a barrier, so back-to-back calls may share `smem`.
