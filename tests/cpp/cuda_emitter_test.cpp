@@ -305,6 +305,63 @@ TEST(CudaEmitter, TinyReductionsRunOneThreadPerPoint) {
   EXPECT_COMPILES(k);
 }
 
+TEST(CudaEmitter, ArgmaxCombinesPositionKeysAcrossTheRow) {
+  // Warp (short rows), block and cluster (long rows) schedules all-reduce the int64 keys with
+  // the integer max: the first position of the largest value wins however the row is split.
+  for (const auto& [cols, schedule] : std::vector<std::pair<int64_t, std::string>>{
+           {100, "warp"}, {4096, "block"}, {65536, "cluster"}}) {
+    const Kernel k = row_argmax(64, cols, DType::BFloat16);
+    const CudaKernelSource s = emit_cuda(k, kH200);
+    EXPECT_EQ(s.schedule, schedule) << cols;
+    const std::string src = kernels(s);
+    EXPECT_TRUE(has(src, "const int64_t v1 = kr_argmax_key(v0, r0);")) << src;
+    EXPECT_TRUE(has(src, "allreduce") && has(src, "<KR_MAX, ")) << src;
+    EXPECT_TRUE(has(src, "int64_t a0 = kr_identity<KR_MAX, int64_t>();")) << src;
+    EXPECT_COMPILES(k);
+  }
+}
+
+TEST(CudaEmitter, RowScansRunOneBlockPerRow) {
+  // cumsum over the last dim of [64, 1000]: a block per row, chunks of 512 scanned block-wide.
+  const Kernel k = row_cumsum(64, 1000);
+  const CudaKernelSource s = emit_cuda(k, kH200);
+  EXPECT_EQ(s.schedule, "scan");
+  EXPECT_EQ(s.launch.block[0], 512u);
+  EXPECT_EQ(s.launch.grid[0], 64u);
+  const std::string src = kernels(s);
+  EXPECT_TRUE(has(src, "for (int kr_c = 0; kr_c < 1000; kr_c += 512) {")) << src;
+  EXPECT_TRUE(has(src, "const float a0 = kr_carry + kr_block_inclusive_scan<512, float>(kr_x, "
+                       "kr_smem, kr_total);"))
+      << src;
+  EXPECT_TRUE(has(src, "kr_carry += kr_total;")) << src;
+  EXPECT_COMPILES(k);
+  // Shorter rows get as many threads as the row's power of two (one chunk); rows below 64
+  // elements run one thread per row.
+  EXPECT_EQ(emit_cuda(row_cumsum(64, 70), kH200).launch.block[0], 128u);
+  EXPECT_COMPILES(row_cumsum(64, 70));
+  EXPECT_EQ(emit_cuda(row_cumsum(64, 63), kH200).schedule, "thread");
+}
+
+TEST(CudaEmitter, OuterDimScansRunOneThreadPerColumn) {
+  // cumsum over dim 0 of [1000, 64]: each thread walks its column in order.
+  Kernel k;
+  k.name = "column_cumsum";
+  k.buffers = {buffer("in0", DType::Int64, false, {1000, 64}),
+               buffer("out0", DType::Int64, true, {1000, 64})};
+  const Index ix = idx({{"s0", 64}, {"i0", 1}});
+  k.body = {par("i0", 64,
+                {acc("a0", DType::Int64, ReduceOp::Sum),
+                 loop("s0", 1000, LoopKind::Scan,
+                      {load("v0", DType::Int64, 0, ix), update("a0", ReduceOp::Sum, "v0"),
+                       let("v1", DType::Int64, "a0"), store(1, ix, "v1")})})};
+  const CudaKernelSource s = emit_cuda(k, kH200);
+  EXPECT_EQ(s.schedule, "thread");
+  const std::string src = kernels(s);
+  EXPECT_TRUE(has(src, "for (int s0 = 0; s0 < 1000; ++s0) {")) << src;
+  EXPECT_TRUE(has(src, "a0 = kr_combine<KR_SUM, int64_t>(a0, v0);")) << src;
+  EXPECT_COMPILES(k);
+}
+
 TEST(CudaEmitter, ColumnReductionRunsOneThreadPerColumn) {
   const Kernel k = column_max(1024, 65536);
   const CudaKernelSource s = emit_cuda(k, kH200);

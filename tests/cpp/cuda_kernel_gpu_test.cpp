@@ -314,6 +314,96 @@ TEST(CudaGpu, ReductionsRowColumnTinyAndFull) {
   }
 }
 
+// argmax / argmin as the lowering emits them (a max / min of (value, position) keys) under
+// every row schedule: eager's first index of the extreme value, NaN the extreme, the first NaN.
+TEST(CudaGpu, ArgmaxArgminTiesAndNaN) {
+  REQUIRE_GPU();
+  auto ref = [](const float* row, int64_t n, bool mn) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n && !std::isnan(row[best]); ++i)
+      if (std::isnan(row[i]) || (mn ? row[i] < row[best] : row[i] > row[best])) best = i;
+    return best;
+  };
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{64, 100}, {33, 5000}, {4, 70000},
+                            {1000, 7}, {3, 1}}) {
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + (bf16 ? " bf16" : ""));
+      std::mt19937 gen(static_cast<unsigned>(rows * cols));
+      std::uniform_int_distribution<int> small(-4, 4);
+      std::vector<float> x(static_cast<size_t>(rows * cols));
+      for (auto& v : x) v = static_cast<float>(small(gen));
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = x.data() + r * cols;
+        if (r % 5 == 1) row[(r * 7919) % cols] = NAN, row[(r * 104729) % cols] = NAN;
+        if (r % 5 == 2) std::fill(row, row + cols, 2.0f);              // all equal
+        if (r % 5 == 3) std::fill(row, row + cols, -INFINITY);         // all -inf
+        if (r % 5 == 4) row[cols - 1] = 100.0f, row[cols / 2] = 100.0f, row[0] = -0.0f;
+      }
+      std::vector<uint16_t> xb(x.size());
+      if (bf16)
+        for (size_t i = 0; i < x.size(); ++i) x[i] = bf2f(xb[i] = f2bf(x[i]));
+      for (bool mn : {false, true}) {
+        const Kernel k = row_argmax(rows, cols, bf16 ? DType::BFloat16 : F32, mn);
+        std::vector<std::string> entries;
+        for (size_t misalign : {0, 8}) { // 8: not 16-byte aligned, the scalar entry
+          std::string entry;
+          auto out = as<int64_t>(run(k, {bf16 ? bytes_of(xb) : bytes_of(x)}, misalign, &entry)[0]);
+          size_t bad = 0;
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t want = ref(x.data() + r * cols, cols, mn);
+            if (out[static_cast<size_t>(r)] != want && bad++ == 0)
+              ADD_FAILURE() << (mn ? "argmin" : "argmax") << " row " << r << ": got "
+                            << out[static_cast<size_t>(r)] << " want " << want << " (" << entry
+                            << ")";
+          }
+          EXPECT_EQ(bad, 0u) << entry;
+        }
+      }
+    }
+  }
+}
+
+// cumsum: rows scanned block-wide (chunks, carries), short rows, and columns walked by a thread.
+TEST(CudaGpu, CumsumRowsAndColumns) {
+  REQUIRE_GPU();
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{64, 1000}, {5, 70}, {3, 100000},
+                            {100, 10}, {2, 512}, {7, 513}}) {
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
+    auto x = random_floats(static_cast<size_t>(rows * cols), 31);
+    std::vector<double> want(x.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0;
+      for (int64_t c = 0; c < cols; ++c) want[r * cols + c] = s += x[r * cols + c];
+    }
+    expect_close(as<float>(run(row_cumsum(rows, cols), {bytes_of(x)})[0]), want,
+                 1e-6 * 3 * static_cast<double>(cols), 1e-5);
+    // int64: exact.
+    std::vector<int64_t> xi(x.size()), wi(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xi[i] = static_cast<int64_t>(x[i] * 1000);
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t s = 0;
+      for (int64_t c = 0; c < cols; ++c) wi[r * cols + c] = s += xi[r * cols + c];
+    }
+    EXPECT_EQ(as<int64_t>(run(row_cumsum(rows, cols, DType::Int64), {bytes_of(xi)})[0]), wi);
+    // The transposed problem: a scan over dim 0 of [cols, rows], one thread per column.
+    Kernel k;
+    k.name = "column_cumsum";
+    k.buffers = {buffer("in0", DType::Int64, false, {cols, rows}),
+                 buffer("out0", DType::Int64, true, {cols, rows})};
+    const Index ix = idx({{"s0", rows}, {"i0", 1}});
+    k.body = {par("i0", rows,
+                  {acc("a0", DType::Int64, ReduceOp::Sum),
+                   loop("s0", cols, LoopKind::Scan,
+                        {load("v0", DType::Int64, 0, ix), update("a0", ReduceOp::Sum, "v0"),
+                         let("v1", DType::Int64, "a0"), store(1, ix, "v1")})})};
+    std::vector<int64_t> xt(xi.size()), wt(xi.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        xt[c * rows + r] = xi[r * cols + c], wt[c * rows + r] = wi[r * cols + c];
+    EXPECT_EQ(as<int64_t>(run(k, {bytes_of(xt)})[0]), wt);
+  }
+}
+
 // Bandwidth, printed: a device-to-device copy as the reference, then the kernels.
 TEST(CudaGpu, BandwidthReport) {
   REQUIRE_GPU();

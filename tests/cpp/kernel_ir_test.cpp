@@ -105,3 +105,32 @@ TEST(KernelIr, FusesIndependentSiblingReductions) {
     store out0[i0] = v6
 )");
 }
+
+TEST(KernelIr, ScanLoopsKeepTheirRunningValues) {
+  // A Scan loop (cumsum) prints as `scan`; a let of the running sum stays in the loop, a
+  // per-row constant leaves it.
+  Kernel k;
+  k.name = "cumsum";
+  k.buffers = {buffer("in0", F32, false, {4, 8}), buffer("in1", F32, false, {4}),
+               buffer("out0", F32, true, {4, 8})};
+  const Index ix = idx({{"i0", 8}, {"s0", 1}});
+  k.body = {par("i0", 4,
+                {load("w", F32, 1, idx({{"i0", 1}})), acc("a0", F32, ReduceOp::Sum),
+                 loop("s0", 8, LoopKind::Scan,
+                      {load("v0", F32, 0, ix), let("c", F32, "(w * 2.0f)"),
+                       let("v1", F32, "(v0 * c)"), update("a0", ReduceOp::Sum, "v1"),
+                       let("v2", F32, "a0"), store(2, ix, "v2")})})};
+  hoist_invariants(k.body);
+  EXPECT_EQ(k.str(), R"(kernel cumsum(in0: f32[4, 8], in1: f32[4], out0: f32[4, 8]):
+  parallel i0 < 4:
+    w = load in1[i0]
+    acc a0 sum
+    let c = w * 2.0f
+    scan s0 < 8:
+      v0 = load in0[8 * i0 + s0]
+      let v1 = v0 * c
+      update a0 sum v1
+      let v2 = a0
+      store out0[8 * i0 + s0] = v2
+)");
+}

@@ -193,6 +193,39 @@ inline Kernel amax12() {
   return k;
 }
 
+// out0[i0] = argmax(in0[i0, :]) as the lowering computes it: a max of (value, position) keys.
+inline Kernel row_argmax(int64_t rows, int64_t cols, DType dt = F32, bool argmin = false) {
+  Kernel k;
+  k.name = argmin ? "row_argmin" : "row_argmax";
+  k.device = DeviceType::CUDA;
+  k.buffers = {buffer("in0", dt, false, {rows, cols}), buffer("out0", DType::Int64, true, {rows})};
+  const std::string f = argmin ? "kr_argmin" : "kr_argmax";
+  const ReduceOp op = argmin ? ReduceOp::Min : ReduceOp::Max;
+  k.body = {par("i0", rows,
+                {acc("a0", DType::Int64, op),
+                 red("r0", cols,
+                     {load("v0", kir::compute_dtype(dt), 0, idx({{"i0", cols}, {"r0", 1}})),
+                      let("v1", DType::Int64, f + "_key(v0, r0)"), update("a0", op, "v1")}),
+                 let("v2", DType::Int64, f + "_index(a0)"), store(1, idx({{"i0", 1}}), "v2")})};
+  return k;
+}
+
+// out0 = cumsum(in0, dim=1) over [rows, cols], accumulated in the compute dtype.
+inline Kernel row_cumsum(int64_t rows, int64_t cols, DType dt = F32) {
+  Kernel k;
+  k.name = "row_cumsum";
+  k.device = DeviceType::CUDA;
+  k.buffers = {buffer("in0", dt, false, {rows, cols}), buffer("out0", dt, true, {rows, cols})};
+  const Index ix = idx({{"i0", cols}, {"s0", 1}});
+  const DType c = kir::compute_dtype(dt);
+  k.body = {par("i0", rows,
+                {acc("a0", c, ReduceOp::Sum),
+                 loop("s0", cols, LoopKind::Scan,
+                      {load("v0", c, 0, ix), update("a0", ReduceOp::Sum, "v0"), let("v1", c, "a0"),
+                       store(1, ix, "v1")})})};
+  return k;
+}
+
 // out0[i0] = sum(in0[i0, :]) / cols: a row mean, one store per row.
 inline Kernel row_mean(int64_t rows, int64_t cols) {
   Kernel k;

@@ -47,3 +47,21 @@ TEST(Lower, CostlyPrimsAreHelperCalls) {
       EXPECT_NE(std::find(prims.begin(), prims.end(), op), prims.end()) << op_def(op).id_name;
   }
 }
+
+TEST(Lower, IndexReductionHelpersAreDefinedForBothBackends) {
+  // argmax / argmin lower to a max / min of (value, position) keys (KernelGen::reduce_here):
+  // helpers the rule calls by name, not the prims' own.
+  for (const char* file : {"kr_cpu.h", "kr_cuda.cuh"}) {
+    const std::string text(codegen::embedded_file(file));
+    for (const char* h :
+         {"kr_argmax_key", "kr_argmin_key", "kr_argmax_index", "kr_argmin_index", "kr_arg_order"}) {
+      const std::regex def(std::string("[A-Za-z_0-9>]\\s+") + h + "\\s*\\(");
+      EXPECT_TRUE(std::regex_search(text, def)) << file << " defines no " << h;
+    }
+  }
+}
+
+TEST(Lower, IndexReductionsAndScansHaveKernelRules) {
+  for (OpId op : {OpId::prim_argmax, OpId::prim_argmin, OpId::prim_cumsum})
+    EXPECT_TRUE(codegen::has_kernel_rule(op)) << op_def(op).id_name;
+}

@@ -161,11 +161,13 @@ private:
         bool threaded_child = false;
         // Not where an output shares memory with an input: a stage writes its block before
         // later stages read it.
-        const auto st = innermost && l.kind != kir::LoopKind::Reduce && k_.noalias
+        // A Scan loop carries its running sum from one iteration to the next: serial.
+        const bool scan = l.kind == kir::LoopKind::Scan;
+        const auto st = innermost && l.kind != kir::LoopKind::Reduce && !scan && k_.noalias
                             ? stages(l)
                             : std::vector<std::pair<size_t, size_t>>{};
         // A staged loop's simd pragmas go on its stage loops.
-        const bool simd = innermost && st.empty();
+        const bool simd = innermost && st.empty() && !scan;
         if (top && l.kind == kir::LoopKind::Parallel && collapse_left_ == 0) {
           // Thread the perfectly nested parallel loops (collapsed) when there is enough work.
           int collapse = 1;

@@ -105,7 +105,20 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
           if (b.kind == Stmt::Kind::Load)
             row_itemsize = std::max<int64_t>(row_itemsize, itemsize(k.buffers.at(b.load.buffer).dtype));
         });
-    if (longest <= 16 || columns) {
+    // A scan along the row runs one block per row (cuda_scan.cpp); others one thread per outer
+    // point walking the Scan loop in order (a scan over an outer dim: neighbouring threads read
+    // neighbouring elements, so a warp's loads coalesce).
+    bool scan = false;
+    visit(k.body, [&](const Stmt& s) {
+      scan |= s.kind == Stmt::Kind::Loop && s.loop->kind == LoopKind::Scan;
+    });
+    const std::optional<ScanPlan> scan_rows = scan ? scan_plan(a) : std::nullopt;
+    if (scan_rows) {
+      r.schedule = "scan";
+      r.launch.block[0] = static_cast<unsigned>(scan_rows->threads);
+      r.launch.grid[0] = clamp_grid(a.points);
+      emit_scan_block(e, r.entry, *scan_rows);
+    } else if (longest <= 16 || columns || scan) {
       r.schedule = "thread";
       r.launch = grid_stride_launch(a.points);
       emit_grid_stride(e, r.entry, static_cast<int>(r.launch.block[0]));

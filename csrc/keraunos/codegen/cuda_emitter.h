@@ -126,7 +126,8 @@ struct CudaKernelSource {
   std::string entry_vec; // vectorized variant or "": valid only when every buffer pointer is
                          // 16-byte aligned (the launcher checks)
   CudaLaunch launch, launch_vec;
-  std::string schedule;  // "pointwise", "thread", "warp", "block" or "cluster" (tests, dumps)
+  std::string schedule;  // "pointwise", "thread", "warp", "block", "cluster" or "scan" (tests,
+                         // dumps)
   int cluster = 1;       // blocks per thread-block cluster (compiled in: __cluster_dims__)
   // The grid holds one cluster per outer point; the loader caps it at the clusters resident on
   // the device at once (the kernels walk the points in a loop, so any grid is correct).

@@ -567,6 +567,18 @@ std::vector<MergedPair> merged_pairs(const Emitter& e, const std::vector<LoopNes
                                      bool softmax);
 
 
+// A scan along a row run by one block per outer point (cuda_scan.cpp): the point is
+// [AccInit, Scan loop]; the loop's statements before its one update (the element's value) and
+// after it (reading the running sum, never a value from before it).
+struct ScanPlan {
+  const Loop* loop = nullptr;
+  std::string acc;
+  int update = -1; // index of the AccUpdate in the loop's body
+  int threads = 0;
+};
+std::optional<ScanPlan> scan_plan(const Analysis& a);
+void emit_scan_block(Emitter& e, const std::string& name, const ScanPlan& plan);
+
 // `vecs` empty: the scalar variant; otherwise the width per nest (block_vector_plan).
 // `smem_bytes`: the dynamic shared memory the kernel needs at launch.
 void emit_block_kernel(Emitter& e, const std::string& name, const BlockPlan& plan,

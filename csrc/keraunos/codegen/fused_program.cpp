@@ -113,7 +113,9 @@ void reinplace(std::vector<PStep>& steps, FusedProgram& fp, const Trace& trace) 
     std::function<void(const kir::Block&)> scan = [&](const kir::Block& blk) {
       for (const auto& s : blk) {
         if (s.kind == kir::Stmt::Kind::Loop) {
-          if (s.loop->kind == kir::LoopKind::Reduce && xbuf >= 0) ok = false;
+          if ((s.loop->kind == kir::LoopKind::Reduce || s.loop->kind == kir::LoopKind::Scan) &&
+              xbuf >= 0)
+            ok = false;
           scan(s.loop->body);
         } else if (s.kind == kir::Stmt::Kind::Store &&
                    s.store.buffer == kc.kernel.num_inputs() + j) {
@@ -186,7 +188,8 @@ FusedProgram fused_program(const Trace& trace, const std::string& name, const Fu
       for (const auto& p : prims) {
         bool ks = kernel_supports(p);
         all = all && ks;
-        if (p.def().has(tags::E | tags::R) && p.op != OpId::prim_restride && ks) computes = true;
+        if (p.def().has(tags::E | tags::R | tags::Scan) && p.op != OpId::prim_restride && ks)
+          computes = true;
       }
       claim = computes && (d.has(tags::F) || all);
       hoist_input_views(prims);

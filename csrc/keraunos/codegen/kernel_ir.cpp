@@ -173,6 +173,8 @@ const char* loop_kind(LoopKind k) {
     return "reduce";
   case LoopKind::Inner:
     return "inner";
+  case LoopKind::Scan:
+    return "scan";
   }
   return "?";
 }

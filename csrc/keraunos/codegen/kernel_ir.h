@@ -83,6 +83,10 @@ enum class LoopKind : uint8_t {
   Parallel, // iterations independent; only at the top of the tree, nested in one another
   Reduce,   // its body updates accumulators declared just before it
   Inner,    // a pointwise loop inside an outer point (after its reductions)
+  // A running accumulation (cumsum): iterations in order, each updating accumulators declared
+  // just before the loop and then reading their running value (to store it). Never split or
+  // reordered: backends run it serially.
+  Scan,
 };
 
 struct Loop {

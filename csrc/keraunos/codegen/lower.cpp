@@ -221,6 +221,15 @@ struct RandomDraws {
   }
 };
 
+// The dims a reduction prim reduces: its list, or argmax/argmin's one dim (none for a 0-d).
+Shape reduced_dims(const BoundSymbol& b) {
+  if (b.op == OpId::prim_argmax || b.op == OpId::prim_argmin) {
+    if (b.args[0].tensor()->ndim() == 0) return {};
+    return {b.args[1].as_int()};
+  }
+  return b.args[1].int_list();
+}
+
 // One element of a prim's result to compute: the result, its producer, the index.
 struct Node {
   const TensorRef& t;
@@ -239,6 +248,8 @@ enum class Accept : uint8_t {
                       // of out-of-range values differ between its kernels
   NoHalfResult,    // iota in float16/bfloat16 (eager computes it in the output dtype)
   NoBoolOperands,  // prod of bools
+  IndexReduction,  // argmax/argmin: values of at most 32 bits (a float16/bfloat16/float32, a
+                   // narrower integer) along a dim shorter than 2^31 (kr_argmax_key)
   Random,          // float draws, with the kernel_random option (support/options.cpp)
   Never,           // runs through torch: `torch` says why
 };
@@ -326,6 +337,51 @@ public:
   }
 
   Vars& vars() { return vars_; }
+
+  // The scan `t` (a prim_cumsum's result) at `idx`, with its dim `dim` (-1: none, 0-d) not yet
+  // indexed: declares its accumulator, opens the Scan loop over `dim` (none when its extent is
+  // 1; the caller closes it: returns whether it opened one), sets idx[dim] and adds the element
+  // there. `value` receives the running sum, rounded to t's dtype; the caller stores it inside
+  // the loop. The sum runs in eager's accumulation type: double for floats on the CPU (its
+  // cumsum kernel accumulates in at::acc_type<float, false>), the compute dtype otherwise.
+  bool scan(const TensorRef& t, std::vector<Dim>& idx, int64_t dim, std::string* value) {
+    const BoundSymbol& b = *producer_.at(t.get());
+    KR_INTERNAL(b.op == OpId::prim_cumsum, "kernel generation: ", b.def().id_name,
+                " is not a scan");
+    const TensorRef& a = b.args[0].tensor();
+    const DType c = kir::compute_dtype(t->dtype);
+    const DType acc_dtype = is_float(c) && k_.device == DeviceType::CPU ? DType::Float64 : c;
+    kir::AccInit init;
+    init.var = fresh("a");
+    init.dtype = acc_dtype;
+    init.op = kir::ReduceOp::Sum;
+    emit(kir::Stmt::of(init));
+    bool opened = false;
+    if (dim >= 0 && t->shape[dim] > 1) {
+      std::string v = fresh("s");
+      open(v, t->shape[dim], kir::LoopKind::Scan);
+      idx[dim] = variable(v);
+      opened = true;
+    } else if (dim >= 0) {
+      idx[dim] = constant(0);
+    }
+    std::string x = gen(a, idx);
+    if (types_.at(x) != acc_dtype) {
+      kir::Let cast;
+      cast.var = fresh("v");
+      cast.dtype = acc_dtype;
+      cast.expr = kir::cast(acc_dtype, ref(x));
+      emit(kir::Stmt::of(cast));
+      x = cast.var;
+    }
+    kir::AccUpdate u;
+    u.var = init.var;
+    u.op = kir::ReduceOp::Sum;
+    u.value = x;
+    emit(kir::Stmt::of(u));
+    *value = let(t->dtype, ref(init.var));
+    return opened;
+  }
 
   // The variable holding `t` at index `idx` (one Dim per dim of t).
   std::string gen(const TensorRef& t, const std::vector<Dim>& idx) {
@@ -574,6 +630,9 @@ private:
     return reduce(n.t, n.b, n.idx, R);
   }
   std::string variance(const Node& n) { return reduce(n.t, n.b, n.idx, std::nullopt); }
+  // A scan's elements are computed by a kernel of their own (SegmentLowering::build, scan):
+  // a reader materializes them first and loads them.
+  std::string scanned(const Node& n) { throw Restart{n.t.get()}; }
 
   // Index remaps: the operand at the index this element reads.
   std::string broadcast_in_dim(const Node& n) {
@@ -749,7 +808,7 @@ private:
   std::string reduce(const TensorRef& t, const BoundSymbol& b, const std::vector<Dim>& idx,
                      std::optional<kir::ReduceOp> op) {
     const auto& a = b.args[0].tensor();
-    Shape dims = b.args[1].int_list();
+    const Shape dims = reduced_dims(b);
     // Its index must name each of its points once (distinct variables with coefficient 1 or
     // constants), and no enclosing loop outside those variables may repeat it.
     std::set<std::string> deps;
@@ -778,7 +837,8 @@ private:
     // alone; materialized, the inner one gets a row schedule over the whole grid. (CPU kernels
     // could nest them; both devices lower a region alike, KernelCall::cuda_twin.)
     for (size_t s = 1; s <= place; ++s)
-      if (scopes_[s].kind == kir::LoopKind::Reduce) throw Restart{t.get()};
+      if (scopes_[s].kind == kir::LoopKind::Reduce || scopes_[s].kind == kir::LoopKind::Scan)
+        throw Restart{t.get()};
     std::string key = "reduce:" + t->name;
     for (const auto& d : idx) key += "," + d.ix.str();
     // Move the inner scopes aside, generate at `place`, put them back.
@@ -800,7 +860,8 @@ private:
   // One pass over the reduced dims: `acc op= value(a at the full index)`.
   std::string reduction_loop(const TensorRef& a, const Shape& dims, const std::vector<Dim>& idx,
                              kir::ReduceOp op, DType acc_dtype,
-                             const std::function<std::string(const std::string&)>& value) {
+                             const std::function<std::string(const std::string&,
+                                                             const std::vector<Dim>&)>& value) {
     kir::AccInit init;
     init.var = fresh("a");
     init.dtype = acc_dtype;
@@ -824,7 +885,7 @@ private:
       }
     }
     std::string x = gen(a, full);
-    std::string v = value(x);
+    std::string v = value(x, full);
     kir::AccUpdate u;
     u.var = init.var;
     u.op = op;
@@ -839,7 +900,7 @@ private:
                           std::optional<kir::ReduceOp> op) {
     const DType ac = kir::compute_dtype(t->dtype);
     auto cast_to = [&](DType d) {
-      return [this, d](const std::string& x) {
+      return [this, d](const std::string& x, const std::vector<Dim>&) {
         kir::Let l;
         l.var = fresh("v");
         l.dtype = d;
@@ -861,6 +922,24 @@ private:
       scopes_.back().memo[key] = acc;
       return acc;
     };
+    if (b.op == OpId::prim_argmax || b.op == OpId::prim_argmin) {
+      // A (value, position) pair packed into one int64 key (kr_argmax_key), reduced by max or
+      // min: every schedule's combine of partial results keeps eager's first index.
+      const bool mx = b.op == OpId::prim_argmax;
+      std::string acc = reduction_loop(
+          a, dims, idx, *op, DType::Int64, [&](const std::string& x, const std::vector<Dim>& full) {
+            const kir::Expr at = dims.empty() ? kir::int_lit(0, DType::Int64)
+                                              : kir::cast(DType::Int64, full.at(dims[0]).ix.expr());
+            kir::Let l;
+            l.var = fresh("v");
+            l.dtype = DType::Int64;
+            l.expr = kir::call(mx ? "kr_argmax_key" : "kr_argmin_key", {ref(x), at}, DType::Int64);
+            emit(kir::Stmt::of(l));
+            return l.var;
+          });
+      return let(t->dtype, kir::call(mx ? "kr_argmax_index" : "kr_argmin_index", {ref(acc)},
+                                     DType::Int64));
+    }
     if (op) return let(t->dtype, ref(plain(*op, ac)));
     {
       // Two passes (the mean, then the squared deviations from it) in eager's accumulation
@@ -878,7 +957,7 @@ private:
       mean.expr = kir::binary(kir::ExprKind::Div, ref(s), kir::float_lit(static_cast<double>(n), vd));
       emit(kir::Stmt::of(mean));
       std::string q = reduction_loop(
-          a, dims, idx, kir::ReduceOp::Sum, vd, [&](const std::string& x) {
+          a, dims, idx, kir::ReduceOp::Sum, vd, [&](const std::string& x, const std::vector<Dim>&) {
             kir::Let d;
             d.var = fresh("v");
             d.dtype = vd;
@@ -985,15 +1064,16 @@ struct RuleTable {
     add(OpId::prim_amin, Accept::Any, &G::reduction<kir::ReduceOp::Min>);
     add(OpId::prim_prod, Accept::NoBoolOperands, &G::reduction<kir::ReduceOp::Prod>);
     add(OpId::prim_var, Accept::FloatOperands, &G::variance);
+    add(OpId::prim_argmax, Accept::IndexReduction, &G::reduction<kir::ReduceOp::Max>);
+    add(OpId::prim_argmin, Accept::IndexReduction, &G::reduction<kir::ReduceOp::Min>);
+    // Scans.
+    add(OpId::prim_cumsum, Accept::Any, &G::scanned);
     // Through torch.
     torch(OpId::prim_check_index, "the program's check of a CPU kernel's gather indices");
     torch(OpId::prim_index_put, "an indexed write");
     torch(OpId::prim_index_copy, "an indexed write");
     torch(OpId::prim_as_strided_scatter, "a write into a strided view");
     torch(OpId::prim_copy_, "a write into an existing tensor");
-    torch(OpId::prim_argmax, "index reductions are not in kernels yet");
-    torch(OpId::prim_argmin, "index reductions are not in kernels yet");
-    torch(OpId::prim_cumsum, "scans are not in kernels yet");
     add(OpId::prim_uniform, Accept::Random, &G::uniform);
     add(OpId::prim_normal, Accept::Random, &G::normal);
     torch(OpId::prim_seed, "draws a kernel's seed from torch's generator");
@@ -1048,6 +1128,11 @@ bool kernel_supports(const BoundSymbol& b) {
     return !is_low_float(out);
   case Accept::NoBoolOperands:
     return !is_bool(in);
+  case Accept::IndexReduction: {
+    const auto& a = b.args[0].tensor();
+    const int64_t d = a->ndim() == 0 ? -1 : b.args[1].as_int();
+    return itemsize(in) <= 4 && (d < 0 || a->shape[d] < (int64_t{1} << 31));
+  }
   case Accept::Random:
     // A uniform draw on [low, high) other than [0, 1) stays in torch: low + (high - low) * u
     // can round up to `high`, which torch's kernels map back to `low`.
@@ -1129,16 +1214,23 @@ public:
   }
 
 private:
+  bool is_scan(const TensorProxy* t) const {
+    auto it = producer_.find(t);
+    return it != producer_.end() && it->second->def().has(tags::Scan);
+  }
+
   std::vector<KernelCall> build(const std::set<std::pair<int, const TensorProxy*>>& mat,
                                 const std::set<const TensorProxy*>& breaks_after,
                                 const std::unordered_map<const TensorProxy*, TensorRef>& refs) {
-    // Groups: consecutive materialized values of one shape.
+    // Groups: consecutive materialized values of one shape. A scan is a group of its own (its
+    // kernel's innermost loop runs along its dim).
     std::vector<std::vector<TensorRef>> groups;
     const TensorProxy* prev = nullptr;
     for (const auto& [pos, p] : mat) {
       const TensorRef& t = refs.at(p);
       bool same = prev && prev->shape == t->shape && !breaks_after.count(prev) &&
-                  output_strides(refs.at(prev)) == output_strides(t);
+                  output_strides(refs.at(prev)) == output_strides(t) && !is_scan(prev) &&
+                  !is_scan(p);
       if (!same) groups.emplace_back();
       groups.back().push_back(t);
       prev = p;
@@ -1158,10 +1250,14 @@ private:
       KernelGen gen(producer_, loadable, k, call, random_, position_);
       const TensorRef& first = g.front();
       Shape ost = output_strides(first);
+      // A scan's dim is looped last, by KernelGen::scan (-1: not a scan, or a 0-d one).
+      const int64_t scan_dim = is_scan(first.get()) && first->ndim() > 0
+                                   ? producer_.at(first.get())->args[1].as_int()
+                                   : -1;
       // Loop order: outermost = largest output stride; size-1 dims are not looped.
       std::vector<int64_t> order;
       for (int64_t d = 0; d < first->ndim(); ++d)
-        if (first->shape[d] != 1) order.push_back(d);
+        if (first->shape[d] != 1 && d != scan_dim) order.push_back(d);
       std::stable_sort(order.begin(), order.end(),
                        [&](int64_t x, int64_t y) { return ost[x] > ost[y]; });
       std::vector<Dim> idx(first->ndim(), constant(0));
@@ -1173,6 +1269,7 @@ private:
           idx[d] = variable(v);
         }
       std::vector<std::pair<int, std::string>> stores;
+      bool scan_loop = false;
       for (const auto& t : g) {
         kir::Buffer b;
         b.name = "out" + std::to_string(call.outputs.size());
@@ -1184,7 +1281,11 @@ private:
         call.write_into.push_back(nullptr);
         out_buffers_.push_back(b);
         if (empty) continue;
-        std::string v = gen.gen(t, idx);
+        std::string v;
+        if (is_scan(t.get()))
+          scan_loop = gen.scan(t, idx, scan_dim, &v);
+        else
+          v = gen.gen(t, idx);
         stores.push_back({static_cast<int>(out_buffers_.size() - 1), v});
       }
       // Output buffers come after the inputs; their indices are known only now.
@@ -1198,6 +1299,7 @@ private:
         s.value = v;
         gen.emit(kir::Stmt::of(s));
       }
+      if (scan_loop) gen.close();
       if (!empty)
         for (size_t i = 0; i < order.size(); ++i) gen.close();
       k.body = gen.finish();

@@ -29,6 +29,9 @@ inline constexpr uint32_t X = 1u << 12;
 // Data movement that is not a view: each output element is a copy of an input element picked
 // by its index (concatenation, gathers). Fusible; the torch executor runs it as a fresh tensor.
 inline constexpr uint32_t D = 1u << 13;
+// A scan along one dim: each output element combines the input's elements up to it (cumsum).
+// Fusible; a kernel computes it with a running accumulator (kir::LoopKind::Scan).
+inline constexpr uint32_t Scan = 1u << 14;
 } // namespace tags
 
 enum class OpId : uint16_t {

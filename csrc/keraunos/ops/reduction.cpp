@@ -108,7 +108,7 @@ Arg sum_like(Builder& b, const Arg::List& a, OpId op, std::string_view name) {
 
 void check_nonempty_dims(const TensorRef& x, const std::vector<int64_t>& dims, std::string_view name) {
   for (auto d : dims)
-    KR_CHECK(x->shape[d] != 0, Value, name, "(): Expected reduction dim ", d,
+    KR_CHECK(x->shape[d] != 0, Index, name, "(): Expected reduction dim ", d,
              " to have non-zero size.");
 }
 
@@ -150,7 +150,7 @@ Arg arg_reduce(Builder& b, const Arg::List& a, OpId op, std::string_view name) {
   KR_CHECK(x->dtype != DType::Bool, Runtime, "\"", name, "_cpu\" not implemented for 'Bool'");
   bool kd = a[2].as_bool();
   if (a[1].is_none()) {
-    KR_CHECK(x->numel() != 0, Value, name,
+    KR_CHECK(x->numel() != 0, Index, name,
              "(): Expected reduction dim to be specified for input.numel() == 0.");
     auto flat = x->ndim() == 1 ? x : prim(b, OpId::prim_reshape, {Arg(x), Arg::int_list({x->numel()})});
     auto r = prim(b, op, {Arg(flat), Arg(int64_t{0})});

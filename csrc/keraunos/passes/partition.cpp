@@ -37,7 +37,7 @@ bool fusible(const BoundSymbol& b, const std::vector<TensorRef>& returned) {
         if (o->storage_id == r->storage_id) return false;
     return true;
   }
-  if (d.has(tags::E | tags::R | tags::M | tags::D | tags::C)) return true;
+  if (d.has(tags::E | tags::R | tags::M | tags::D | tags::C | tags::Scan)) return true;
   // A composite op (softmax, layer_norm, ...) whose decomposition is all fusible prims.
   if (d.is_prim() || b.subsymbols.empty()) return false;
   for (const auto& s : b.subsymbols)

@@ -501,6 +501,30 @@ static inline double kr_minimum(double a, double b) {
 template <typename T> static inline T kr_maximum(T a, T b) { return a > b ? a : b; }
 template <typename T> static inline T kr_minimum(T a, T b) { return a < b ? a : b; }
 
+// argmax / argmin as a max / min of int64 keys (lower.cpp, KernelGen::reduce_here): a value
+// of at most 32 bits in the high word, ordered as the values are (floats by their bits, +-0
+// made one, NaN above every value for argmax and below for argmin), and in the low word the
+// position, inverted for argmax, so that among equal values the first wins. The (value,
+// position) pair then combines by an integer max / min: associative and commutative, so
+// vectorized and threaded partial results merge to eager's answer (first index of the extreme,
+// the first NaN if any). Positions below 2^31 (Accept::IndexReduction).
+static inline int64_t kr_arg_order(float x) {
+  const int32_t i = static_cast<int32_t>(kr_fbits(x == 0.0f ? 0.0f : x));
+  return i < 0 ? (i ^ 0x7fffffff) : i;
+}
+template <typename T> static inline int64_t kr_arg_order(T x) { return static_cast<int64_t>(x); }
+static inline int64_t kr_arg_key(int64_t order, int64_t low) {
+  return order * 4294967296LL + low;
+}
+template <typename T> static inline int64_t kr_argmax_key(T x, int64_t i) {
+  return kr_arg_key(x != x ? 2147483647LL : kr_arg_order(x), 4294967295LL - i);
+}
+template <typename T> static inline int64_t kr_argmin_key(T x, int64_t i) {
+  return kr_arg_key(x != x ? -2147483647LL - 1 : kr_arg_order(x), i);
+}
+static inline int64_t kr_argmax_index(int64_t key) { return 4294967295LL - (key & 4294967295LL); }
+static inline int64_t kr_argmin_index(int64_t key) { return key & 4294967295LL; }
+
 static inline float kr_fmod(float a, float b) { return std::fmod(a, b); }
 static inline double kr_fmod(double a, double b) { return std::fmod(a, b); }
 

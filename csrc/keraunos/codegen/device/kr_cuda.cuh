@@ -139,6 +139,24 @@ KR_DEVICE double kr_minimum(double a, double b) { return (a != a || b != b) ? kr
 template <class T> KR_DEVICE T kr_maximum(T a, T b) { return a < b ? b : a; }
 template <class T> KR_DEVICE T kr_minimum(T a, T b) { return b < a ? b : a; }
 
+// argmax / argmin as a max / min of int64 keys, as kr_cpu.h defines them: the warp, block and
+// cluster all-reduces combine (value, position) pairs by an integer max / min, which keeps the
+// first position of the extreme value (the first NaN if any) however the threads split a row.
+KR_DEVICE int64_t kr_arg_order(float x) {
+  const int i = __float_as_int(x == 0.0f ? 0.0f : x);
+  return i < 0 ? (i ^ 0x7fffffff) : i;
+}
+template <class T> KR_DEVICE int64_t kr_arg_order(T x) { return static_cast<int64_t>(x); }
+KR_DEVICE int64_t kr_arg_key(int64_t order, int64_t low) { return order * 4294967296L + low; }
+template <class T> KR_DEVICE int64_t kr_argmax_key(T x, int64_t i) {
+  return kr_arg_key(x != x ? 2147483647L : kr_arg_order(x), 4294967295L - i);
+}
+template <class T> KR_DEVICE int64_t kr_argmin_key(T x, int64_t i) {
+  return kr_arg_key(x != x ? -2147483647L - 1 : kr_arg_order(x), i);
+}
+KR_DEVICE int64_t kr_argmax_index(int64_t key) { return 4294967295L - (key & 4294967295L); }
+KR_DEVICE int64_t kr_argmin_index(int64_t key) { return key & 4294967295L; }
+
 // A gather's index (codegen/lower.cpp, KernelGen::gathered): one outside [0, n) ends the kernel
 // with an error, as eager's device-side assert does, instead of reading out of bounds.
 KR_DEVICE int64_t kr_check_index(int64_t i, int64_t n) {
@@ -229,6 +247,57 @@ template <class T> KR_DEVICE T kr_shfl_xor(T v, int m) {
 template <int OP, int WIDTH, class T> KR_DEVICE T kr_warp_allreduce(T v) {
 #pragma unroll
   for (int m = WIDTH / 2; m >= 1; m /= 2) v = kr_combine<OP, T>(v, kr_shfl_xor(v, m));
+  return v;
+}
+
+// Shuffles up (from lane - d) and from a given lane, for the scan's accumulator types.
+KR_DEVICE float kr_shfl_up(float v, unsigned d) { return __shfl_up_sync(0xffffffffu, v, d); }
+KR_DEVICE double kr_shfl_up(double v, unsigned d) { return __shfl_up_sync(0xffffffffu, v, d); }
+KR_DEVICE long kr_shfl_up(long v, unsigned d) {
+  return static_cast<long>(__shfl_up_sync(0xffffffffu, static_cast<long long>(v), d));
+}
+template <class T> KR_DEVICE T kr_shfl_up(T v, unsigned d) {
+  return static_cast<T>(__shfl_up_sync(0xffffffffu, static_cast<int>(v), d));
+}
+KR_DEVICE float kr_shfl_idx(float v, int l) { return __shfl_sync(0xffffffffu, v, l); }
+KR_DEVICE double kr_shfl_idx(double v, int l) { return __shfl_sync(0xffffffffu, v, l); }
+KR_DEVICE long kr_shfl_idx(long v, int l) {
+  return static_cast<long>(__shfl_sync(0xffffffffu, static_cast<long long>(v), l));
+}
+template <class T> KR_DEVICE T kr_shfl_idx(T v, int l) {
+  return static_cast<T>(__shfl_sync(0xffffffffu, static_cast<int>(v), l));
+}
+
+// Inclusive prefix sum over a 1-d block of NT threads (a multiple of 32, NT <= 1024), in thread
+// order; `total` gets the sum of all NT values in every thread. `smem` holds 32 values of T.
+// Every thread of the block must call it. It starts with a barrier, so back-to-back calls may
+// share `smem`. (The block scan schedule of cumsum, cuda_scan.cpp.)
+template <int NT, class T> KR_DEVICE T kr_block_inclusive_scan(T v, T* smem, T& total) {
+  static_assert(NT % 32 == 0 && NT <= 1024, "whole warps, at most 1024 threads");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (unsigned d = 1; d < 32; d *= 2) {
+    const T n = kr_shfl_up(v, d);
+    if (lane >= (int)d) v += n;
+  }
+  if constexpr (NT == 32) {
+    total = kr_shfl_idx(v, 31);
+  } else {
+    constexpr int kWarps = NT / 32;
+    __syncthreads();
+    if (lane == 31) smem[warp] = v;
+    __syncthreads();
+    // Every warp scans the warps' sums itself: no third barrier.
+    T w = lane < kWarps ? smem[lane] : T(0);
+#pragma unroll
+    for (unsigned d = 1; d < kWarps; d *= 2) {
+      const T n = kr_shfl_up(w, d);
+      if (lane >= (int)d) w += n;
+    }
+    total = kr_shfl_idx(w, kWarps - 1);
+    const T before = kr_shfl_idx(w, warp > 0 ? warp - 1 : 0);
+    if (warp > 0) v += before;
+  }
   return v;
 }
 
