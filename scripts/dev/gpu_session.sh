@@ -56,7 +56,7 @@ for step in $STEPS; do
     # What kernels take (cat, gathers, integer math) and the CUDA schedules, on the GPU.
     stamp "kernel tests on CUDA (xdist)"
     (cd tests/python && KERAUNOS_TEST_DEVICE=cuda timeout ${KERNELTESTS_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
-      -n 8 --tb=short -rf test_cat_kernels.py test_gather_kernels.py test_int_kernels.py test_random_kernels.py test_cuda.py test_nvrtc.py) \
+      -n 8 --tb=short -rf test_cat_kernels.py test_gather_kernels.py test_int_kernels.py test_random_kernels.py test_index_scan_kernels.py test_cuda.py test_nvrtc.py) \
       >"$OUT/kerneltests.log" 2>&1
     grep -E "^FAILED|passed|failed" "$OUT/kerneltests.log" | cut -c1-400 | tail -30
     ;;
