@@ -277,7 +277,9 @@ def test_cumsum_inplace():
 def test_cumsum_long_rows():
     for shape, dim in (((3, 5000), 1), ((5000, 3), 0), ((70000,), 0)):
         x = torch.randn(*shape, generator=_g())
-        _in_kernels(check(lambda a, dim=dim: a.cumsum(dim), x))
+        # Partial sums reach ~sqrt(n) in size; a parallel scan (CUDA: ours and eager's, each
+        # its own tree) rounds them in another order than a serial loop: absolute error ~1e-5.
+        _in_kernels(check(lambda a, dim=dim: a.cumsum(dim), x, atol=1e-4, rtol=1e-5))
     i = torch.randint(-9, 10, (4, 3000), generator=_g(), dtype=torch.int32)
     _in_kernels(check(lambda a: a.cumsum(1), i))
 
