@@ -300,9 +300,11 @@ def fuzz(
     stats: dict | None = None,
     device: str = "cpu",
     via: str = "jit",
+    deadline: float | None = None,
 ) -> list[str]:
-    """Runs `programs` programs; returns a reproducer per mismatch. `stats` gets the counts of
-    programs run and refused (see keraunos.testing.REFUSED). via="compile" runs them through
+    """Runs `programs` programs, or fewer when time.monotonic() passes `deadline`; returns a
+    reproducer per mismatch. `stats` gets the counts of programs run and refused (see
+    keraunos.testing.REFUSED). via="compile" runs them through
     torch.compile(backend="keraunos"); `stats["fell_back"]` then counts the programs in which
     some region ran eagerly (unsupported or refused by keraunos: eager semantics)."""
     from .testing import REFUSED
@@ -310,7 +312,11 @@ def fuzz(
     failures = []
     refused = 0
     fell_back = 0
+    ran = 0
     for i in range(programs):
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        ran += 1
         s = seed + i
         prog = generate(s, max_lines, device)
         info: dict = {}
@@ -327,9 +333,7 @@ def fuzz(
                 print(failures[-1])
                 print(problem)
     if stats is not None:
-        stats.update(
-            programs=programs, refused=refused, mismatches=len(failures), fell_back=fell_back
-        )
+        stats.update(programs=ran, refused=refused, mismatches=len(failures), fell_back=fell_back)
     return failures
 
 
@@ -348,12 +352,22 @@ def main(argv=None):
         choices=["jit", "compile"],
         help="keraunos.jit, or torch.compile(backend='keraunos')",
     )
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        help="stop each fusion type after its share of this many seconds and report the "
+        "programs run (seeds seed .. seed + programs run - 1)",
+    )
     args = ap.parse_args(argv)
     kinds = ["consecutive", "dataflow"] if args.fusion_type == "both" else [args.fusion_type]
     total_fail = 0
-    for ft in kinds:
+    start = time.monotonic()
+    for k, ft in enumerate(kinds):
         t0 = time.perf_counter()
         stats: dict = {}
+        deadline = None
+        if args.seconds is not None:
+            deadline = start + args.seconds * (k + 1) / len(kinds)
         fails = fuzz(
             args.programs,
             args.seed,
@@ -363,12 +377,15 @@ def main(argv=None):
             stats=stats,
             device=args.device,
             via=args.via,
+            deadline=deadline,
         )
         total_fail += len(fails)
         print(
-            f"fusion_type={ft}: {args.programs} programs, {len(fails)} mismatches, "
+            f"fusion_type={ft}: {stats['programs']} programs (seeds {args.seed}.."
+            f"{args.seed + stats['programs'] - 1}), {len(fails)} mismatches, "
             f"{stats['refused']} refused as order-dependent, {stats['fell_back']} with regions "
-            f"run eagerly ({time.perf_counter() - t0:.1f} s)"
+            f"run eagerly ({time.perf_counter() - t0:.1f} s)",
+            flush=True,
         )
     return 1 if total_fail else 0
 

@@ -2,7 +2,8 @@
 # One batched session on the GPU machine (the `device` tool): build from source, then run the
 # GPU checks and benchmarks in the foreground while CPU fuzz workers use the idle cores.
 # Logs go to $OUT. Usage: scripts/dev/gpu_session.sh [steps...] (default: all)
-#   env FUZZ_PER_WORKER (programs per worker), FUZZ_WORKERS (per fusion type), FUZZ_SEED0
+#   env FUZZ_PER_WORKER (programs per worker), FUZZ_WORKERS (per fusion type), FUZZ_SEED0,
+#   FUZZ_SECONDS (a worker stops there and reports the programs it ran)
 set -u
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
@@ -24,7 +25,7 @@ for step in $STEPS; do
     for ft in consecutive dataflow; do
       for i in $(seq 0 $((w - 1))); do
         (cd /tmp && KERAUNOS_CACHE_DIR=/tmp/kr-fuzz-$ft-$i timeout 560 python3 -m keraunos.fuzz \
-          --programs "$n" --seed $((s0 + i * n)) --fusion-type $ft --max-lines 12 \
+          --programs "$n" --seed $((s0 + i * n)) --fusion-type $ft --max-lines 12 --seconds ${FUZZ_SECONDS:-520} \
           >"$OUT/fuzz-cpu-$ft-$i.log" 2>&1) &
       done
     done
@@ -112,7 +113,7 @@ for step in $STEPS; do
   cudafuzz)
     stamp "cuda fuzz"
     (cd /tmp && timeout ${CUDA_FUZZ_TIMEOUT:-240} python3 -m keraunos.fuzz --programs ${CUDA_FUZZ_PROGRAMS:-1000} \
-      --device cuda --fusion-type both) >"$OUT/fuzz-cuda.log" 2>&1
+      --seconds $(( ${CUDA_FUZZ_TIMEOUT:-240} - 20 )) --device cuda --fusion-type both) >"$OUT/fuzz-cuda.log" 2>&1
     tail -3 "$OUT/fuzz-cuda.log"
     ;;
   wait)

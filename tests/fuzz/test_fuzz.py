@@ -14,3 +14,13 @@ N = int(os.environ.get("KERAUNOS_FUZZ_PROGRAMS", "300"))
 def test_fuzz_against_eager(fusion_type):
     failures = fuzz(N, seed=1000, fusion_type=fusion_type)
     assert not failures, f"{len(failures)} mismatches; first reproducer:\n{failures[0]}"
+
+
+def test_fuzz_stops_at_its_deadline_and_counts_what_ran():
+    import time
+
+    stats: dict = {}
+    assert fuzz(50, seed=7, fusion_type="consecutive", stats=stats, deadline=time.monotonic()) == []
+    assert stats["programs"] == 0
+    fuzz(3, seed=7, fusion_type="consecutive", stats=stats, deadline=time.monotonic() + 600)
+    assert stats["programs"] == 3
