@@ -37,6 +37,13 @@ FUNCS = {
         lambda r, c: [(4, 32, r, c), (4, 8, r, c), (r, c), (r, c)],
         torch.bfloat16,
     ),
+    # HF's repeat_kv (expand + reshape: a copy) of 4 key/value heads to 16 (+ 0: a returned
+    # lone reshape runs through torch).
+    "repeat_kv": (
+        lambda k: k[:, :, None].expand(4, 4, 4, *k.shape[2:]).reshape(4, 16, *k.shape[2:]) + 0,
+        lambda r, c: [(4, 4, r, c)],
+        torch.bfloat16,
+    ),
 }
 
 

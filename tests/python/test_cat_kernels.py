@@ -168,3 +168,50 @@ def test_cat_of_broadcasts_and_slices_of_a_cat(fusion_type):
         return c[::2, 1:5] * 2 + c[1:4, ::3].sum()
 
     check(f, a, b, fusion_type=fusion_type, exact=False, atol=1e-5, rtol=1e-5)
+
+
+def repeat_kv(x, n):
+    """HF's repeat_kv: key/value heads repeated for grouped-query attention."""
+    b, kv, s, d = x.shape
+    return x[:, :, None].expand(b, kv, n, s, d).reshape(b, kv * n, s, d)
+
+
+@pytest.mark.parametrize("fusion_type", FUSION_TYPES)
+def test_repeat_kv_is_a_vectorized_copy_kernel(fusion_type):
+    """expand + reshape is a copy no view gives: a kernel makes it (not torch.reshape). The
+    merged head dim's index is head // rep (the reshape's div/mod simplified), so the head dim
+    stays affine and the CUDA kernel loads and stores whole vectors along it."""
+
+    def f(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, 4), repeat_kv(v, 4))
+
+    q = torch.randn(2, 8, 16, 32, dtype=torch.bfloat16)
+    k, v = (
+        torch.randn(2, 2, 16, 32, dtype=torch.bfloat16),
+        torch.randn(2, 2, 16, 32, dtype=torch.bfloat16),
+    )
+    jf = check(f, q, k, v, fusion_type=fusion_type)
+    prog = _program(jf)
+    assert "torch.reshape" not in prog, prog
+    assert "(i1 / 4LL) * 512LL" in prog, prog
+    kernels = keraunos.last_traces(jf)[-1].kernels
+    assert kernels, prog
+    for k in kernels:
+        cuda = k.source if _TEST_DEVICE == "cuda" else k.cuda_check_source
+        if cuda:
+            assert f"{k.name}_vec(" in cuda, cuda
+
+
+@pytest.mark.parametrize("fusion_type", FUSION_TYPES)
+def test_merged_transposed_dims_copy(fusion_type):
+    """An attention output's transpose(1, 2).reshape(b, s, h) from a contiguous (b, heads, s,
+    d) tensor: a copy whose merged dim splits into head = i // d and i % d (the multiples of d
+    of the other dims dropped from the modulus)."""
+
+    def f(a, w):
+        b, nh, s, d = a.shape
+        return a.transpose(1, 2).reshape(b, s, nh * d) @ w
+
+    jf = check(f, torch.randn(2, 4, 8, 16), torch.randn(64, 8), fusion_type=fusion_type)
+    prog = _program(jf)
+    assert "(i2 % 16LL)" in prog and "torch.reshape" not in prog, prog

@@ -114,6 +114,41 @@ std::optional<Affine> affine_form(const kir::Expr& e) {
 
 int64_t mod_of(int64_t x, int64_t m) { return ((x % m) + m) % m; }
 
+// Whether integer expression `e` is a multiple of m for every value of its variables: a literal
+// that is, a product with such a factor, a sum or difference of such.
+bool multiple_of(const kir::Expr& e, int64_t m) {
+  using K = kir::ExprKind;
+  switch (e->kind) {
+  case K::Int:
+    return mod_of(e->i, m) == 0;
+  case K::Mul:
+    return multiple_of(e->args[0], m) || multiple_of(e->args[1], m);
+  case K::Add:
+  case K::Sub:
+    return multiple_of(e->args[0], m) && multiple_of(e->args[1], m);
+  case K::Neg:
+    return multiple_of(e->args[0], m);
+  default:
+    return false;
+  }
+}
+
+// An index whose opaque part uses only the outer grid loops (a merged dim's quotient:
+// repeat_kv's head / rep), not the innermost one `v` nor a loaded value (a gathered index): the
+// same for every lane of a group, so lanes stay affine in v. With `vec` > 0, also whether it is
+// a multiple of vec (the group's base stays aligned).
+bool outer_opaque(const Index& ix, const Analysis& a, int vec) {
+  if (!ix.opaque) return false;
+  const std::string& v = a.grid.loops.back()->var;
+  bool outer = true;
+  kir::for_each_var(ix.opaque, [&](const std::string& name) {
+    bool found = false;
+    for (const Loop* l : a.grid.loops) found = found || (l->var == name && name != v);
+    outer = outer && found;
+  });
+  return outer && (vec <= 0 || multiple_of(ix.opaque, vec));
+}
+
 } // namespace
 
 // A cat's part read along the innermost grid loop `v`: an index whose opaque part is
@@ -151,7 +186,7 @@ int vector_width(const Kernel& k, const Analysis& a) {
     const int buf = s.kind == Stmt::Kind::Load ? s.load.buffer : s.store.buffer;
     const int64_t c = ix.coef(v);
     const bool run = s.kind == Stmt::Kind::Load && clamped_run(ix, v, 0);
-    if ((!ix.affine() && !run) || (c != 0 && c != 1)) return 0;
+    if ((!ix.affine() && !run && !outer_opaque(ix, a, 0)) || (c != 0 && c != 1)) return 0;
     if (s.kind == Stmt::Kind::Store && c != 1) return 0;
     if (c == 1 || run) widest = std::max(widest, itemsize(k.buffers.at(buf).dtype));
   }
@@ -161,7 +196,9 @@ int vector_width(const Kernel& k, const Analysis& a) {
   for (const Stmt& s : *a.point) {
     if (s.kind != Stmt::Kind::Load && s.kind != Stmt::Kind::Store) continue;
     const Index& ix = s.kind == Stmt::Kind::Load ? s.load.index : s.store.index;
-    if (!ix.affine() && !clamped_run(ix, v, vec)) return 0;
+    if (!ix.affine() && !clamped_run(ix, v, vec) && !(outer_opaque(ix, a, 0) && ix.coef(v) == 0) &&
+        !outer_opaque(ix, a, vec))
+      return 0;
     if (ix.coef(v) != 1) continue;
     if (ix.constant % vec != 0) return 0;
     for (const auto& [var, coef] : ix.terms)

@@ -182,13 +182,17 @@ FusedProgram fused_program(const Trace& trace, const std::string& name, const Fu
       } else {
         flatten(b, prims);
       }
-      // Only regions that compute: a lone view or reshape stays a (free) torch view. A lone
-      // symbol is claimed only when a kernel computes all of it (else torch runs it whole).
+      // Only regions that compute: a lone view stays a (free) torch view. A reshape no view
+      // can give (prim_reshape: repeat_kv's expand + reshape) is a copy, which a kernel makes
+      // at bandwidth with the reshape's index remap (torch's strided copy kernel reaches about
+      // half of it on the H100). A lone symbol is claimed only when a kernel computes all of it
+      // (else torch runs it whole).
       bool computes = false, all = true;
       for (const auto& p : prims) {
         bool ks = kernel_supports(p);
         all = all && ks;
-        if (p.def().has(tags::E | tags::R | tags::Scan) && p.op != OpId::prim_restride && ks)
+        if ((p.def().has(tags::E | tags::R | tags::Scan) || p.op == OpId::prim_reshape) &&
+            p.op != OpId::prim_restride && ks)
           computes = true;
       }
       claim = computes && (d.has(tags::F) || all);

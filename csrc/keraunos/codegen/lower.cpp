@@ -143,21 +143,64 @@ Dim div_mod(const Dim& d, int64_t div, int64_t mod, const Vars& vars) {
     bool ok = true;
     for (const auto& [v, c] : low.ix.terms) ok = ok && c > 0;
     for (const auto& [v, c] : high.ix.terms) ok = ok && c > 0;
-    if (ok && affine_range(low, vars, &llo, &lhi) && llo >= 0 && lhi < div) {
+    ok = ok && affine_range(low, vars, &llo, &lhi) && llo >= 0;
+    // One term of the rest may cross div where its coefficient c divides div and the terms
+    // below it stay under c: (c * v + below) / div == v / (div / c). A reshape that merges dims
+    // gives this (repeat_kv's [b, kv, rep, s, d] -> [b, kv * rep, s, d]: the kv index is
+    // head / rep, and s and d stay affine, so the kernel still vectorizes along d).
+    std::string cross;
+    int64_t cross_c = 0;
+    if (ok && lhi >= div) {
+      for (const auto& [v, c] : low.ix.terms)
+        if (c > cross_c) cross = v, cross_c = c;
+      Dim below;
+      for (const auto& [v, c] : low.ix.terms)
+        if (v != cross) below.ix.terms.push_back({v, c});
+      below.ix.constant = low.ix.constant;
+      int64_t blo, bhi;
+      ok = div % cross_c == 0 && affine_range(below, vars, &blo, &bhi) && blo >= 0 && bhi < cross_c;
+    }
+    if (ok) {
       Dim q;
       for (const auto& [v, c] : high.ix.terms) q.ix.terms.push_back({v, c / div});
       q.ix.constant = high.ix.constant / div;
-      if (mod <= 0) return q;
+      // The crossing term's quotient, v / (div / c), and its largest value.
+      kir::Expr vq;
+      int64_t vq_hi = 0;
+      if (cross_c) {
+        vq = kir::binary(kir::ExprKind::Div, variable(cross).ix.expr(),
+                         kir::int_lit(div / cross_c, DType::Int64));
+        vq_hi = (vars.extent.at(cross) - 1) / (div / cross_c);
+      }
+      auto with_cross = [&](Dim d) {
+        if (vq) {
+          d.ix.opaque = vq;
+          d.deps = {cross};
+        }
+        return d;
+      };
+      if (mod <= 0) return with_cross(q);
       // Drop terms that are multiples of mod; keep the rest if it stays below mod.
       Dim r;
       for (const auto& [v, c] : q.ix.terms)
         if (c % mod != 0) r.ix.terms.push_back({v, c});
       r.ix.constant = q.ix.constant % mod;
       int64_t rlo, rhi;
-      if (affine_range(r, vars, &rlo, &rhi) && rlo >= 0 && rhi < mod) return r;
+      if (affine_range(r, vars, &rlo, &rhi) && rlo >= 0 && rhi + vq_hi < mod) return with_cross(r);
     }
     if (hi < div) return constant(0);
     if (div == 1 && (mod <= 0 || hi < mod)) return d;
+    // x % mod with x >= 0 drops x's terms that are multiples of mod when the rest stays >= 0
+    // (a transpose's merged dim: (256 * i1 + i2) % 32 is i2 % 32).
+    if (div == 1 && mod > 0) {
+      Dim r;
+      for (const auto& [v, c] : d.ix.terms)
+        if (c % mod != 0) r.ix.terms.push_back({v, c});
+      r.ix.constant = d.ix.constant % mod;
+      int64_t rlo, rhi;
+      if (r.ix.terms.size() < d.ix.terms.size() && affine_range(r, vars, &rlo, &rhi) && rlo >= 0)
+        return div_mod(r, 1, mod, vars);
+    }
   }
   Dim out;
   kir::Expr e = d.ix.expr();
