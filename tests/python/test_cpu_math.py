@@ -316,3 +316,46 @@ def test_embedded_file():
     assert "kr_exp" in text and text.endswith("\n")
     with pytest.raises(AssertionError, match="no embedded device file"):
         _C._embedded_file("no_such_file.h")
+
+
+# Helpers whose loops stay scalar by design (libm's fmod, exact as eager's, and what uses it).
+SCALAR = {"fmod", "remainder", "floor_divide"}
+
+
+@pytest.mark.skipif(
+    "clang" in _C.cpu_compiler_info()["identity"].lower(), reason="-fopt-info is GCC's"
+)
+def test_float_helpers_vectorize(tmp_path):
+    """Every float32 helper of the transcendental chains vectorizes with the kernels' flags:
+    GCC leaves a whole loop scalar for one operation the target cannot do in vector registers
+    (kr_pow's int64 -> double exponent on AVX2 made pow5 8 × slower than on AVX-512)."""
+    import subprocess
+
+    info = _C.cpu_compiler_info()
+    names = [*TOLERANT, "pow", *(n for n in BINARY_EXACT if n not in SCALAR)]
+    body = [_C._embedded_file("kr_cpu.h")]
+    for i, name in enumerate(names):
+        args = "a[i], a[i] * 0.5f" if name == "pow" or name in BINARY_EXACT else "a[i]"
+        body.append(
+            f'extern "C" void t{i}(const float* __restrict__ a, float* __restrict__ y, long n) {{\n'
+            f"#pragma omp simd\n  for (long i = 0; i < n; ++i) y[i] = kr_{name}({args});\n}}"
+        )
+    src = tmp_path / "helpers.cpp"
+    src.write_text("\n".join(body))
+    flags = [f for f in info["flags"] if not f.startswith("-Wl,") and not f.startswith("-l")]
+    r = subprocess.run(
+        [info["path"], *flags, "-fopt-info-vec-missed", "-o", str(tmp_path / "h.so"), str(src)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = src.read_text().splitlines()
+    scalar = []
+    for ln in r.stderr.splitlines():
+        if "couldn't vectorize loop" not in ln or "helpers.cpp:" not in ln:
+            continue
+        at = int(ln.split("helpers.cpp:")[1].split(":")[0])
+        scalar.append(
+            next(w for w in lines[at - 1].split() if w.startswith("kr_"))[: -len("(a[i])")]
+        )
+    assert not scalar, f"scalar loops: {scalar}"

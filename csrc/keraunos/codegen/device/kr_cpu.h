@@ -427,11 +427,13 @@ template <typename T> static inline bool kr_isinf(T) { return false; }
 // by selects.
 static inline double kr_log2_pos(double x) { // x > 0, finite, normal
   uint64_t u = kr_dbits(x);
-  int64_t e = static_cast<int64_t>(u >> 52) - 1023;
   double m = kr_bitsd((u & 0xfffffffffffffULL) | 0x3ff0000000000000ULL); // [1, 2)
   bool big = m > 1.4142135623730951;
   m = kr_seld(big, m * 0.5, m);
-  double ef = static_cast<double>(e + (big ? 1 : 0));
+  // The biased exponent as a double by the 2^52 trick (bits 0x433.. | k are 2^52 + k): no
+  // int64 -> double conversion, which AVX2 lacks (GCC then leaves the whole loop scalar).
+  double ef = kr_bitsd(0x4330000000000000ULL | (u >> 52)) - (4503599627370496.0 + 1023.0);
+  ef = kr_seld(big, ef + 1.0, ef);
   // log(m) = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.1716.
   double s = (m - 1.0) / (m + 1.0), z = s * s;
   double p = 1.0 / 11;
@@ -460,10 +462,12 @@ static inline double kr_exp2_d(double t) { // t in [-300, 300]
   return p * kr_bitsd(static_cast<uint64_t>(n + 1023) << 52);
 }
 static inline float kr_pow(float a, float b) {
-  float ax = std::fabs(a), ab = std::fabs(b);
-  bool b_int = std::trunc(b) == b;
+  // No bool locals: GCC keeps a bool in byte lanes and then finds no vector width for the
+  // loop's floats (the whole loop stays scalar); the flags are float selects instead.
+  float ax = std::fabs(a), ab = std::fabs(b), tb = std::trunc(b);
   // Odd integers are below 2^24 (larger floats are even).
-  bool b_odd = b_int && ab < 16777216.0f && (static_cast<int32_t>(ab) & 1) != 0;
+  int32_t bi = static_cast<int32_t>(kr_self(ab < 16777216.0f, ab, 0.0f));
+  float odd = kr_self(tb == b && (bi & 1) != 0, 1.0f, 0.0f);
   double ad = kr_seld(ax > 0.0f && ax < kr_inf_f(), static_cast<double>(ax), 1.0);
   double t = static_cast<double>(b) * kr_log2_pos(ad);
   t = kr_seld(t < -300.0, -300.0, kr_seld(t > 300.0, 300.0, t)); // NaN: b is NaN, handled below
@@ -473,8 +477,8 @@ static inline float kr_pow(float a, float b) {
   edge = kr_self(ax == 1.0f, 1.0f, edge);
   y = kr_self(ax == 0.0f || ax == kr_inf_f() || ab == kr_inf_f(), edge, y);
   // A negative base: a sign for odd integer exponents, NaN for non-integer ones.
-  y = kr_self(std::signbit(a) && b_odd, -y, y);
-  y = kr_self(a < 0.0f && ax < kr_inf_f() && !b_int && ab < kr_inf_f(), kr_nan_f(), y);
+  y = kr_self(odd != 0.0f, std::copysign(y, a), y); // y >= 0 here
+  y = kr_self(a < 0.0f && ax < kr_inf_f() && tb != b && ab < kr_inf_f(), kr_nan_f(), y);
   y = kr_self(a != a || b != b, kr_nan_f(), y);
   return kr_self(b == 0.0f || a == 1.0f, 1.0f, y);
 }
