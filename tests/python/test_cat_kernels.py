@@ -204,13 +204,14 @@ def test_repeat_kv_is_a_vectorized_copy_kernel(fusion_type):
 
 @pytest.mark.parametrize("fusion_type", FUSION_TYPES)
 def test_merged_transposed_dims_copy(fusion_type):
-    """An attention output's transpose(1, 2).reshape(b, s, h) from a contiguous (b, heads, s,
-    d) tensor: a copy whose merged dim splits into head = i // d and i % d (the multiples of d
-    of the other dims dropped from the modulus)."""
+    """An attention output's transpose(1, 2).reshape(b, s, h) of a contiguous (b, heads, s, d)
+    tensor, read by a kernel: its merged dim splits into head = i // d and i % d (the multiples
+    of d of the other dims dropped from the modulus). (Alone, such a reshape stays torch's,
+    which views where the runtime layout allows.)"""
 
     def f(a, w):
         b, nh, s, d = a.shape
-        return a.transpose(1, 2).reshape(b, s, nh * d) @ w
+        return (a.transpose(1, 2).reshape(b, s, nh * d) * 2) @ w
 
     jf = check(f, torch.randn(2, 4, 8, 16), torch.randn(64, 8), fusion_type=fusion_type)
     prog = _program(jf)

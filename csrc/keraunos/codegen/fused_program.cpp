@@ -182,16 +182,26 @@ FusedProgram fused_program(const Trace& trace, const std::string& name, const Fu
       } else {
         flatten(b, prims);
       }
-      // Only regions that compute: a lone view stays a (free) torch view. A reshape no view
-      // can give (prim_reshape: repeat_kv's expand + reshape) is a copy, which a kernel makes
-      // at bandwidth with the reshape's index remap (torch's strided copy kernel reaches about
-      // half of it on the H100). A lone symbol is claimed only when a kernel computes all of it
-      // (else torch runs it whole).
+      // Only regions that compute: a lone view stays a (free) torch view. A reshape of an
+      // expanded tensor (repeat_kv's expand + reshape) copies whatever the layout of what it
+      // expands, and a kernel makes that copy at bandwidth with the reshape's index remap
+      // (torch's strided copy kernel reaches about half of it on the H100). Other reshapes
+      // the trace says must copy stay torch's: the trace's layout of an opaque op's result
+      // (SDPA's) may not be the one torch gives, where torch.reshape is a free view and a
+      // kernel would first copy its input into the inferred layout. A lone symbol is claimed
+      // only when a kernel computes all of it (else torch runs it whole).
+      auto copies_an_expand = [](const BoundSymbol& p) {
+        if (p.op != OpId::prim_reshape) return false;
+        const auto& in = p.args[0].tensor();
+        for (int64_t d = 0; d < in->ndim(); ++d)
+          if (in->shape[d] > 1 && in->strides[d] == 0) return true;
+        return false;
+      };
       bool computes = false, all = true;
       for (const auto& p : prims) {
         bool ks = kernel_supports(p);
         all = all && ks;
-        if ((p.def().has(tags::E | tags::R | tags::Scan) || p.op == OpId::prim_reshape) &&
+        if ((p.def().has(tags::E | tags::R | tags::Scan) || copies_an_expand(p)) &&
             p.op != OpId::prim_restride && ks)
           computes = true;
       }
