@@ -138,3 +138,24 @@ def test_ten_thousand_op_trace(fusion_type):
     part = next(t for t in keraunos.last_traces(jf) if t.stage == "partition")
     names = part.symbol_names()
     assert names.count("ltorch.fusion") == 5 and names.count("ltorch.matmul") == 5
+
+
+@pytest.mark.parametrize("fusion_type", ["consecutive", "dataflow"])
+def test_no_cycle_through_a_region_taken_whole(fusion_type):
+    """The fuzzer's seed 2302549 (CUDA, dataflow): the argmax's `+ v0` joined v0's region
+    although another region, which read from v0's, also held what the argmax read; no chain
+    of symbols led from v0 to the argmax, but the region graph had a cycle ("partition: the
+    region graph has a cycle"). Joins are now checked between regions taken whole."""
+
+    def f(x0, x1):
+        v0 = torch.where(x0 > 0, x0, x1)
+        x1.mul_(2)
+        v2 = torch.randn((4, 6), device=x0.device)
+        v0.add_(x1)
+        v4 = v2.t()
+        x1.add_(v2)
+        v7 = (v0 * 2 - v2).argmax(-1, keepdim=True) + v0
+        return (v7, v4)
+
+    torch.manual_seed(0)
+    check(f, torch.randn(6, 4).t(), torch.randn(4, 6), fusion_type=fusion_type, seed=0)

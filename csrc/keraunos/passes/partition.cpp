@@ -134,20 +134,31 @@ PassResult partition(const Trace& trace, const PassContext& ctx) {
           continue;
         }
       }
-      // Whether symbol q reads (through any path) from region r: the symbols q depends on,
-      // back to r's start (a bounded search; past the bound, assume it does).
+      // Whether symbol q's region reads (through any path) from region r, regions taken whole:
+      // a region that reads from r and another that q reads from are one node of the region
+      // graph, so joining i to r would close a cycle through it even where no chain of
+      // symbols leads from r to q. A bounded search back to r's start (past the bound,
+      // assume it does).
       auto reads_from = [&](int q, int r) {
-        std::vector<int> stack{q};
-        std::unordered_set<int> seen{q};
+        if (i - first[r] > 4096) return true;
+        const int rq = find(parent, q);
+        std::vector<int> stack{rq};
+        std::unordered_set<int> seen{rq};
         while (!stack.empty()) {
-          const int s = stack.back();
+          const int R = stack.back();
           stack.pop_back();
-          if (find(parent, s) == r) return true;
-          for (int x : g.producers[s])
-            if (x >= first[r] && seen.insert(x).second) {
-              if (seen.size() > 4096) return true;
-              stack.push_back(x);
+          if (R == r) return true;
+          for (int j = std::max(first[R], first[r]); j < i; ++j) {
+            if (find(parent, j) != R) continue;
+            for (int x : g.producers[j]) {
+              if (x < first[r]) continue;
+              const int X = find(parent, x);
+              if (seen.insert(X).second) {
+                if (seen.size() > 512) return true;
+                stack.push_back(X);
+              }
             }
+          }
         }
         return false;
       };
@@ -159,7 +170,7 @@ PassResult partition(const Trace& trace, const PassContext& ctx) {
         // (x @ b)` puts the product with the silu, after both matmuls.
         bool safe = true;
         for (int q : g.producers[i])
-          if (find(parent, q) != r && q >= first[r] && reads_from(q, r)) safe = false;
+          if (find(parent, q) != r && reads_from(q, r)) safe = false;
         if (safe) {
           parent[find(parent, i)] = r;
           break;
