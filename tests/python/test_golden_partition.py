@@ -159,3 +159,21 @@ def test_no_cycle_through_a_region_taken_whole(fusion_type):
 
     torch.manual_seed(0)
     check(f, torch.randn(6, 4).t(), torch.randn(4, 6), fusion_type=fusion_type, seed=0)
+
+
+@pytest.mark.parametrize("fusion_type", ["consecutive", "dataflow"])
+def test_no_cycle_through_an_early_member(fusion_type):
+    """A region need not be contiguous: {b, b.cos(), c} holds b, which m1 reads, and c, which
+    reads a. When d = m1 + a joins a's region, the cycle {a, d} -> {b, cos, c} -> m1 -> {a, d}
+    passes through m1, which comes before a: a search bounded by a's position missed it."""
+
+    def f(x, w):
+        m0 = x @ w
+        b = x.sin()
+        m1 = m0 @ b
+        a = m0.relu()
+        c = a + b.cos()
+        d = m1 + a
+        return c, d
+
+    check(f, torch.randn(3, 3), torch.randn(3, 3), fusion_type=fusion_type)

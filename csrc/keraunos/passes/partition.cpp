@@ -101,9 +101,22 @@ PassResult partition(const Trace& trace, const PassContext& ctx) {
     // A symbol joins all its fusible producers' regions at once when no symbol outside them,
     // between the first of them and the symbol, reads from them: a path that left the merged
     // region and came back would pass through such a symbol (program order is topological).
-    // `cat(a.sin(), b * 2)` is one region. Otherwise it joins one producer's region when every
-    // other producer comes before that region starts.
+    // `cat(a.sin(), b * 2)` is one region. Otherwise it joins one producer's region when that
+    // closes no cycle in the region graph (closes_cycle).
     std::vector<int> in_union(n, -1);
+    // Each region's members (at its root), for the region-level search below.
+    std::vector<std::vector<int>> members_of(n);
+    for (int i = 0; i < n; ++i) members_of[i] = {i};
+    auto unite = [&](int child, int root) { // both roots
+      if (child == root) return;
+      parent[child] = root;
+      first[root] = std::min(first[root], first[child]);
+      auto& big = members_of[root];
+      auto& small = members_of[child];
+      if (small.size() > big.size()) std::swap(small, big);
+      big.insert(big.end(), small.begin(), small.end());
+      std::vector<int>().swap(small);
+    };
     for (int i = 0; i < n; ++i) {
       if (!can_fuse[i]) continue;
       std::vector<int> roots;
@@ -122,43 +135,35 @@ PassResult partition(const Trace& trace, const PassContext& ctx) {
           for (int q : g.producers[s]) safe = safe && !(q >= start && in_union[q] == i);
         }
         if (safe) {
-          for (int r : roots) {
-            int root = find(parent, r);
-            int keep = find(parent, roots[0]);
-            if (root != keep) {
-              parent[root] = keep;
-              first[keep] = std::min(first[keep], first[root]);
-            }
-          }
-          parent[find(parent, i)] = find(parent, roots[0]);
+          for (int r : roots) unite(find(parent, r), find(parent, roots[0]));
+          unite(find(parent, i), find(parent, roots[0]));
           continue;
         }
       }
-      // Whether symbol q's region reads (through any path) from region r, regions taken whole:
-      // a region that reads from r and another that q reads from are one node of the region
-      // graph, so joining i to r would close a cycle through it even where no chain of
-      // symbols leads from r to q. A bounded search back to r's start (past the bound,
-      // assume it does).
-      auto reads_from = [&](int q, int r) {
-        if (i - first[r] > 4096) return true;
-        const int rq = find(parent, q);
-        std::vector<int> stack{rq};
-        std::unordered_set<int> seen{rq};
+      // Whether joining region r would close a cycle: whether r reaches (along the region
+      // graph's edges) the region of another producer of i. Regions are nodes taken whole —
+      // they need not be contiguous in program order, so a region reachable from r may lie
+      // entirely before r's first member (r -> {5, 20} via 20, {5, 20} -> {7} via 5) and no
+      // index bound prunes the search: it walks the other producers' regions' members back,
+      // exactly, up to a budget of producer edges (past it, assume a cycle: no join).
+      auto closes_cycle = [&](int r) {
+        std::vector<int> stack;
+        std::unordered_set<int> seen;
+        for (int q : g.producers[i]) {
+          const int R = find(parent, q);
+          if (R != r && seen.insert(R).second) stack.push_back(R);
+        }
+        int64_t budget = int64_t{1} << 14;
         while (!stack.empty()) {
           const int R = stack.back();
           stack.pop_back();
-          if (R == r) return true;
-          for (int j = std::max(first[R], first[r]); j < i; ++j) {
-            if (find(parent, j) != R) continue;
+          for (int j : members_of[R])
             for (int x : g.producers[j]) {
-              if (x < first[r]) continue;
+              if (--budget < 0) return true;
               const int X = find(parent, x);
-              if (seen.insert(X).second) {
-                if (seen.size() > 512) return true;
-                stack.push_back(X);
-              }
+              if (X == r) return true;
+              if (seen.insert(X).second) stack.push_back(X);
             }
-          }
         }
         return false;
       };
@@ -166,13 +171,10 @@ PassResult partition(const Trace& trace, const PassContext& ctx) {
         int p = *it;
         if (!can_fuse[p]) continue;
         int r = find(parent, p);
-        // Joining r makes a cycle only when another producer reads from r: `silu(x @ a) *
-        // (x @ b)` puts the product with the silu, after both matmuls.
-        bool safe = true;
-        for (int q : g.producers[i])
-          if (find(parent, q) != r && reads_from(q, r)) safe = false;
-        if (safe) {
-          parent[find(parent, i)] = r;
+        // `silu(x @ a) * (x @ b)` puts the product with the silu, after both matmuls (the up
+        // projection does not read from the silu's region).
+        if (!closes_cycle(r)) {
+          unite(find(parent, i), r);
           break;
         }
       }
