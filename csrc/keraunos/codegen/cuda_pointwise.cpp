@@ -196,8 +196,8 @@ int vector_width(const Kernel& k, const Analysis& a) {
   for (const Stmt& s : *a.point) {
     if (s.kind != Stmt::Kind::Load && s.kind != Stmt::Kind::Store) continue;
     const Index& ix = s.kind == Stmt::Kind::Load ? s.load.index : s.store.index;
-    if (!ix.affine() && !clamped_run(ix, v, vec) && !(outer_opaque(ix, a, 0) && ix.coef(v) == 0) &&
-        !outer_opaque(ix, a, vec))
+    // (An outer opaque part of a load read once per group needs no alignment.)
+    if (!ix.affine() && !clamped_run(ix, v, vec) && !outer_opaque(ix, a, ix.coef(v) == 0 ? 0 : vec))
       return 0;
     if (ix.coef(v) != 1) continue;
     if (ix.constant % vec != 0) return 0;
