@@ -116,10 +116,23 @@ for step in $STEPS; do
       --seconds $(( ${CUDA_FUZZ_TIMEOUT:-240} - 20 )) --device cuda --fusion-type both) >"$OUT/fuzz-cuda.log" 2>&1
     tail -3 "$OUT/fuzz-cuda.log"
     ;;
+  cudafuzzpar)
+    # CUDA fuzz workers in the background (CUDA_FUZZ_WORKERS per fusion type, CUDA_FUZZ_SEED0,
+    # CUDA_FUZZ_SECONDS); `wait` collects them with the CPU ones.
+    stamp "cuda fuzz workers"
+    w=${CUDA_FUZZ_WORKERS:-4}; s0=${CUDA_FUZZ_SEED0:-700000}; n=100000
+    for ft in consecutive dataflow; do
+      for i in $(seq 0 $((w - 1))); do
+        (cd /tmp && KERAUNOS_CACHE_DIR=/tmp/kr-cfuzz-$ft-$i timeout $(( ${CUDA_FUZZ_SECONDS:-400} + 60 )) python3 -m keraunos.fuzz \
+          --programs $n --seed $((s0 + i * n)) --device cuda --fusion-type $ft --max-lines 12 \
+          --seconds ${CUDA_FUZZ_SECONDS:-400} >"$OUT/fuzz-cuda-$ft-$i.log" 2>&1) &
+      done
+    done
+    ;;
   wait)
     stamp "waiting for fuzz workers"
     wait
-    grep -h "programs," "$OUT"/fuzz-cpu-*.log
+    grep -H "programs," "$OUT"/fuzz-*.log
     ;;
   quick)
     # A short validation + measurement pass: CUDA tests, the row-schedule benchmarks and
