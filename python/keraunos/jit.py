@@ -130,6 +130,8 @@ class Stats:
         self.compiles = 0
         self.compile_ms = 0.0
         self.last_pass_ms: dict[str, float] = {}
+        # Why the last compile of a program that autograd records runs through torch, or None.
+        self.grad_fallback: str | None = None
 
 
 class JittedFunction(_C.Dispatcher):
@@ -173,7 +175,7 @@ class JittedFunction(_C.Dispatcher):
             sp = split.SplitProgram(self, sids, *template)
             self._split = sp
             return sp, (), None
-        program, _ = self._build(tracer, ret, t_start)
+        program, _ = self._build(tracer, ret, t_start, autograd=True if post is None else "list")
         if tracer.metadata_updates:
             program = _with_metadata_updates(program, sorted(tracer.metadata_updates.items()))
         return program, tuple(tracer.lifted), post
@@ -226,8 +228,10 @@ class JittedFunction(_C.Dispatcher):
             return c_leaves[0], None
         return c_leaves, functools.partial(_unflatten, spec)
 
-    def _build(self, tracer, ret, t_start):
-        """The program of what `tracer` recorded, returning `ret`: passes, fusion, codegen."""
+    def _build(self, tracer, ret, t_start, autograd=None):
+        """The program of what `tracer` recorded, returning `ret`: passes, fusion, codegen.
+        With `autograd` (True: `ret` is one leaf, "list": a list of leaves), a program that
+        autograd must record becomes a compiled forward and backward pair (grad.py)."""
         builder = tracer.builder
         builder.set_return(ret)
         acquired = builder.finish()
@@ -239,16 +243,64 @@ class JittedFunction(_C.Dispatcher):
         traces = _C.run_pipeline(acquired, self._fusion_type, _C.option("verify"), default_float)
         t_cg = time.perf_counter()
         kernels = []
-        # Generated kernels have no backward: a program that autograd must record (grad mode
-        # on and an input that requires grad) runs through torch. The dispatcher's cache key
+        st = self._stats
+        recorded = torch.is_grad_enabled() and tracer.needs_grad
+        st.grad_fallback = None
+        if recorded and self._fusion:
+            if autograd and not tracer.metadata_updates:
+                try:
+                    pair = self._grad_program(
+                        traces, autograd is True, default_float, t_start, t_cg
+                    )
+                except NotImplementedError as e:
+                    st.grad_fallback = str(e)
+                else:
+                    if pair is not None:
+                        return pair
+            else:
+                st.grad_fallback = "keraunos: this program's kind (a split at a data-dependent point, or in-place view ops on inputs) runs through torch when autograd records it"
+        # A program that autograd records and that the autodiff pass refused runs through
+        # torch (compile_stats(jf)["grad_fallback"] says why). The dispatcher's cache key
         # includes grad mode.
-        fusion = self._fusion and not (torch.is_grad_enabled() and tracer.needs_grad)
+        fusion = self._fusion and not recorded
         src, program = build_program(traces[-1], fusion=fusion, kernels_out=kernels)
         cg_ms = (time.perf_counter() - t_cg) * 1e3
         self._traces = [*traces, ProgramTrace(traces[-1], src, cg_ms, kernels)]
+        self._record_stats(traces, t_start, cg_ms)
+        return program, self._traces
+
+    def _grad_program(self, traces, single, default_float, t_start, t_cg):
+        """The forward and backward programs of the functional trace, run as one autograd
+        Function; None when no output is differentiable (no backward to run)."""
+        from .grad import GradProgram
+
+        functional = traces[-2]  # after functionalize, DCE and CSE; before partition
+        joint, fwd, bwd, differentiable, _ = _C.autodiff(functional, default_float)
+        if not any(differentiable):
+            return None
+        verify = _C.option("verify")
+        kf, kb = [], []
+        fwd_traces = _C.run_pipeline(fwd, self._fusion_type, verify, default_float)
+        bwd_traces = _C.run_pipeline(bwd, self._fusion_type, verify, default_float)
+        src_f, prog_f = build_program(fwd_traces[-1], "forward", fusion=True, kernels_out=kf)
+        src_b, prog_b = build_program(bwd_traces[-1], "backward", fusion=True, kernels_out=kb)
+        cg_ms = (time.perf_counter() - t_cg) * 1e3
+        program = GradProgram(prog_f, prog_b, differentiable, single)
+        self._traces = [
+            *traces[:-1],
+            joint,
+            fwd_traces[-1],
+            ProgramTrace(fwd_traces[-1], src_f, cg_ms, kf),
+            bwd_traces[-1],
+            ProgramTrace(bwd_traces[-1], src_b, cg_ms, kb),
+        ]
+        self._record_stats([*traces[:-1], joint, fwd_traces[-1], bwd_traces[-1]], t_start, cg_ms)
+        return program, self._traces
+
+    def _record_stats(self, traces, t_start, cg_ms):
         st = self._stats
         st.compiles += 1
-        st.last_pass_ms = {"acquire": acquire_ms}
+        st.last_pass_ms = {"acquire": traces[0].ms}
         for t in traces[1:]:
             st.last_pass_ms[t.stage] = st.last_pass_ms.get(t.stage, 0.0) + t.ms
         st.last_pass_ms["codegen"] = cg_ms
@@ -258,11 +310,11 @@ class JittedFunction(_C.Dispatcher):
             for t in self._traces:
                 print(t)
         if "kernels" in dump:
-            for k in kernels:
-                for stage, listing in k.stages:
-                    print(f"# kernel {k.name} after {stage}")
-                    print(listing)
-        return program, self._traces
+            for pt in self._traces:
+                for k in getattr(pt, "kernels", ()):
+                    for stage, listing in k.stages:
+                        print(f"# kernel {k.name} after {stage}")
+                        print(listing)
 
 
 def _with_metadata_updates(program, updates):
@@ -511,4 +563,5 @@ def compile_stats(jf) -> dict:
         "compiles": j._stats.compiles,
         "compile_ms_total": j._stats.compile_ms,
         "last_pass_ms": dict(j._stats.last_pass_ms),
+        "grad_fallback": j._stats.grad_fallback,
     }

@@ -133,7 +133,14 @@ public:
         ++g_relayouts;
         nb::object fresh = empty_strided(spec.shape_t, spec.strides_t, "dtype"_a = spec.dtype,
                                          "device"_a = spec.device);
-        fresh.attr("copy_")(args[i]);
+        // A broadcast layout (stride 0) holds one element per broadcast line: copy those.
+        nb::object dst = fresh, src = nb::borrow(args[i]);
+        for (size_t d = 0; d < spec.strides.size(); ++d)
+          if (spec.strides[d] == 0 && spec.shape[d] > 1) {
+            dst = dst.attr("narrow")(d, 0, 1);
+            src = src.attr("narrow")(d, 0, 1);
+          }
+        dst.attr("copy_")(src);
         keep.push_back(fresh);
         t = fresh.ptr();
       }

@@ -5,14 +5,19 @@
 #include "keraunos/codegen/torch_program.h"
 #include "keraunos/ir/error.h"
 #include "keraunos/ir/verifier.h"
+#include "keraunos/ops/backward.h"
 #include "keraunos/ops/builder.h"
+#include "keraunos/passes/autodiff.h"
 #include "keraunos/passes/pass_manager.h"
 #include "keraunos/support/options.h"
+
+#include <chrono>
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 namespace nb = nanobind;
@@ -217,6 +222,30 @@ NB_MODULE(_C, m) {
         },
         "trace"_a, "fusion_type"_a = "consecutive", "verify"_a = false,
         "default_float"_a = DType::Float32);
+
+  m.def("autodiff",
+        [](const Trace& t, DType default_float) {
+          PassContext ctx;
+          ctx.builder.default_float = default_float;
+          auto t0 = std::chrono::steady_clock::now();
+          GradSplit s = autodiff(t, ctx);
+          s.joint.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          return nb::make_tuple(std::move(s.joint), std::move(s.forward), std::move(s.backward),
+                                s.output_differentiable, s.num_saved);
+        },
+        "trace"_a, "default_float"_a = DType::Float32,
+        "The joint forward + backward trace of a functional trace, and its split: (joint, "
+        "forward, backward, output_differentiable, num_saved).");
+  m.def("grad_kind", [](const std::string& name) {
+    const OpDef* d = find_op(name);
+    KR_CHECK(d != nullptr, Value, "unknown op '", name, "'");
+    switch (grad_entry(d->id).kind) {
+    case GradKind::Rule: return "rule";
+    case GradKind::NoGrad: return "none";
+    case GradKind::Refused: return "refused";
+    }
+    return "refused";
+  });
 
   // Raised by the dispatcher for arguments it cannot run on (dispatch.h); torch.compile's
   // regions fall back to eager on it.

@@ -1,0 +1,541 @@
+// Backward rules of the prims (ops/backward.h). Each follows the formula of PyTorch's
+// derivatives.yaml for the op the prim stands for, so gradients match eager's (ties of
+// maximum/minimum split the gradient evenly, amax/amin spread it over every maximal element,
+// the gradient of pow's exponent is 0 where the base is 0 and the exponent >= 0).
+#include "keraunos/ops/backward.h"
+
+#include "keraunos/ir/error.h"
+#include "keraunos/ops/meta.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+namespace keraunos {
+
+namespace {
+
+using GR = GradRequest;
+
+TensorRef P(Builder& b, OpId op, Arg::List args) { return b.call(op, std::move(args)).tensor(); }
+TensorRef mul(Builder& b, Arg x, Arg y) { return P(b, OpId::prim_mul, {std::move(x), std::move(y)}); }
+TensorRef div(Builder& b, Arg x, Arg y) { return P(b, OpId::prim_div, {std::move(x), std::move(y)}); }
+TensorRef add(Builder& b, Arg x, Arg y) { return P(b, OpId::prim_add, {std::move(x), std::move(y)}); }
+TensorRef sub(Builder& b, Arg x, Arg y) { return P(b, OpId::prim_sub, {std::move(x), std::move(y)}); }
+TensorRef neg(Builder& b, Arg x) { return P(b, OpId::prim_neg, {std::move(x)}); }
+TensorRef where(Builder& b, Arg c, Arg x, Arg y) {
+  return P(b, OpId::prim_where, {std::move(c), std::move(x), std::move(y)});
+}
+TensorRef zeros(Builder& b, const Shape& shape, DType dtype, Device device) {
+  return P(b, OpId::prim_full, {Arg::int_list(shape), Arg(0.0), Arg(dtype), Arg(device)});
+}
+TensorRef zeros_like(Builder& b, const TensorRef& t) {
+  return zeros(b, t->shape, t->dtype, t->device);
+}
+TensorRef reshape(Builder& b, const TensorRef& t, const Shape& shape) {
+  if (t->shape == shape) return t;
+  return P(b, OpId::prim_reshape, {Arg(t), Arg::int_list(shape)});
+}
+// `t` broadcast back to `shape`, its dims being `shape`'s dims `kept`.
+TensorRef bcast(Builder& b, const TensorRef& t, const Shape& shape, const Shape& kept) {
+  return P(b, OpId::prim_broadcast_in_dim, {Arg(t), Arg::int_list(shape), Arg::int_list(kept)});
+}
+TensorRef sum(Builder& b, const TensorRef& t, const Shape& dims) {
+  if (dims.empty()) return t;
+  return P(b, OpId::prim_sum, {Arg(t), Arg::int_list(dims)});
+}
+// `t` summed down to `shape` (torch's sum_to_size): leading dims and dims broadcast from 1.
+TensorRef sum_to(Builder& b, const TensorRef& t, const Shape& shape) {
+  if (t->shape == shape) return t;
+  const int64_t lead = t->ndim() - static_cast<int64_t>(shape.size());
+  Shape dims;
+  for (int64_t d = 0; d < t->ndim(); ++d)
+    if (d < lead || (shape[d - lead] == 1 && t->shape[d] != 1)) dims.push_back(d);
+  return reshape(b, sum(b, t, dims), shape);
+}
+Shape kept_dims(int64_t ndim, const Shape& reduced) {
+  Shape kept;
+  for (int64_t d = 0; d < ndim; ++d)
+    if (std::find(reduced.begin(), reduced.end(), d) == reduced.end()) kept.push_back(d);
+  return kept;
+}
+const TensorRef& out(const GR& r) { return r.bsym.out.tensor(); }
+const TensorRef& x0(const GR& r) { return r.bsym.args[0].tensor(); }
+Arg::List only(const GR& r, size_t i, TensorRef g) {
+  Arg::List res(r.bsym.args.size());
+  res[i] = Arg(std::move(g));
+  return res;
+}
+
+// Unary: d out / d a as a function of (a, out), times the gradient.
+#define KR_UNARY_GRAD(name, expr)                                                                  \
+  Arg::List grad_##name(Builder& b, const GR& r) {                                                 \
+    const TensorRef& g = r.grad;                                                                   \
+    const TensorRef& x = x0(r);                                                                    \
+    const TensorRef& y = out(r);                                                                   \
+    (void)x;                                                                                       \
+    (void)y;                                                                                       \
+    return only(r, 0, expr);                                                                       \
+  }
+KR_UNARY_GRAD(clone, g)
+KR_UNARY_GRAD(restride, g)
+KR_UNARY_GRAD(abs, mul(b, Arg(g), Arg(P(b, OpId::prim_sign, {Arg(x)}))))
+KR_UNARY_GRAD(neg, neg(b, Arg(g)))
+KR_UNARY_GRAD(exp, mul(b, Arg(g), Arg(y)))
+KR_UNARY_GRAD(exp2, mul(b, Arg(g), Arg(mul(b, Arg(y), Arg(std::log(2.0))))))
+KR_UNARY_GRAD(log, div(b, Arg(g), Arg(x)))
+KR_UNARY_GRAD(log2, div(b, Arg(g), Arg(mul(b, Arg(x), Arg(std::log(2.0))))))
+KR_UNARY_GRAD(log1p, div(b, Arg(g), Arg(add(b, Arg(x), Arg(1.0)))))
+KR_UNARY_GRAD(expm1, mul(b, Arg(g), Arg(add(b, Arg(y), Arg(1.0)))))
+KR_UNARY_GRAD(sin, mul(b, Arg(g), Arg(P(b, OpId::prim_cos, {Arg(x)}))))
+KR_UNARY_GRAD(cos, neg(b, Arg(mul(b, Arg(g), Arg(P(b, OpId::prim_sin, {Arg(x)}))))))
+KR_UNARY_GRAD(tan, mul(b, Arg(g), Arg(add(b, Arg(1.0), Arg(mul(b, Arg(y), Arg(y)))))))
+KR_UNARY_GRAD(tanh, mul(b, Arg(g), Arg(sub(b, Arg(1.0), Arg(mul(b, Arg(y), Arg(y)))))))
+KR_UNARY_GRAD(sigmoid, mul(b, Arg(g), Arg(mul(b, Arg(y), Arg(sub(b, Arg(1.0), Arg(y)))))))
+KR_UNARY_GRAD(sqrt, div(b, Arg(g), Arg(mul(b, Arg(y), Arg(2.0)))))
+KR_UNARY_GRAD(rsqrt, mul(b, Arg(g), Arg(mul(b, Arg(mul(b, Arg(y), Arg(mul(b, Arg(y), Arg(y))))), Arg(-0.5)))))
+KR_UNARY_GRAD(erf, mul(b, Arg(g), Arg(mul(b, Arg(P(b, OpId::prim_exp, {Arg(neg(b, Arg(mul(b, Arg(x), Arg(x)))))})), Arg(2.0 / std::sqrt(M_PI))))))
+KR_UNARY_GRAD(reciprocal, neg(b, Arg(mul(b, Arg(g), Arg(mul(b, Arg(y), Arg(y)))))))
+// Piecewise constant: a zero gradient (eager's too).
+KR_UNARY_GRAD(zero, zeros_like(b, x))
+#undef KR_UNARY_GRAD
+
+// Binary elementwise: either operand may be a Python number (no gradient).
+Arg::List grad_add(Builder& b, const GR& r) {
+  Arg::List res(2);
+  if (r.needs[0]) res[0] = Arg(r.grad);
+  if (r.needs[1]) res[1] = Arg(r.grad);
+  return res;
+}
+Arg::List grad_sub(Builder& b, const GR& r) {
+  Arg::List res(2);
+  if (r.needs[0]) res[0] = Arg(r.grad);
+  if (r.needs[1]) res[1] = Arg(neg(b, Arg(r.grad)));
+  return res;
+}
+Arg::List grad_mul(Builder& b, const GR& r) {
+  const auto& a = r.bsym.args;
+  Arg::List res(2);
+  if (r.needs[0]) res[0] = Arg(mul(b, Arg(r.grad), a[1]));
+  if (r.needs[1]) res[1] = Arg(mul(b, Arg(r.grad), a[0]));
+  return res;
+}
+Arg::List grad_div(Builder& b, const GR& r) {
+  const auto& a = r.bsym.args;
+  Arg::List res(2);
+  if (r.needs[0]) res[0] = Arg(div(b, Arg(r.grad), a[1]));
+  if (r.needs[1]) // -g * a / b^2
+    res[1] = Arg(neg(b, Arg(div(b, Arg(mul(b, Arg(r.grad), a[0])), Arg(mul(b, a[1], a[1]))))));
+  return res;
+}
+// remainder: b's gradient is -g * floor(a / b); fmod: -g * trunc(a / b).
+template <OpId Round>
+Arg::List grad_mod(Builder& b, const GR& r) {
+  const auto& a = r.bsym.args;
+  Arg::List res(2);
+  if (r.needs[0]) res[0] = Arg(r.grad);
+  if (r.needs[1])
+    res[1] = Arg(neg(b, Arg(mul(b, Arg(r.grad), Arg(P(b, Round, {Arg(div(b, a[0], a[1]))}))))));
+  return res;
+}
+Arg::List grad_pow(Builder& b, const GR& r) {
+  const auto& a = r.bsym.args;
+  const TensorRef& g = r.grad;
+  Arg::List res(2);
+  if (r.needs[0]) {
+    const TensorRef& x = a[0].tensor();
+    if (a[1].is_tensor()) {
+      const TensorRef& e = a[1].tensor();
+      auto t = mul(b, Arg(g), Arg(mul(b, Arg(e), Arg(P(b, OpId::prim_pow, {Arg(x), Arg(sub(b, Arg(e), Arg(1.0)))})))));
+      res[0] = Arg(where(b, Arg(P(b, OpId::prim_eq, {Arg(e), Arg(0.0)})), Arg(0.0), Arg(t)));
+    } else if (a[1].as_double() == 0.0) {
+      res[0] = Arg(zeros_like(b, x));
+    } else {
+      double e = a[1].as_double();
+      res[0] = Arg(mul(b, Arg(g), Arg(mul(b, Arg(P(b, OpId::prim_pow, {Arg(x), Arg(e - 1.0)})), Arg(e)))));
+    }
+  }
+  if (r.needs[1]) {
+    const TensorRef& e = a[1].tensor();
+    const TensorRef& y = out(r);
+    TensorRef t, mask;
+    if (a[0].is_tensor()) {
+      t = mul(b, Arg(g), Arg(mul(b, Arg(y), Arg(P(b, OpId::prim_log, {a[0]})))));
+      mask = P(b, OpId::prim_logical_and, {Arg(P(b, OpId::prim_eq, {a[0], Arg(0.0)})),
+                                           Arg(P(b, OpId::prim_ge, {Arg(e), Arg(0.0)}))});
+    } else {
+      const double base = a[0].as_double();
+      t = mul(b, Arg(g), Arg(mul(b, Arg(y), Arg(std::log(base)))));
+      if (base == 0.0) mask = P(b, OpId::prim_ge, {Arg(e), Arg(0.0)});
+    }
+    res[1] = Arg(mask ? where(b, Arg(mask), Arg(0.0), Arg(t)) : t);
+  }
+  return res;
+}
+// maximum: the gradient goes to the larger operand, half to each on a tie (eager's rule).
+template <bool Max>
+Arg::List grad_extremum(Builder& b, const GR& r) {
+  const auto& a = r.bsym.args;
+  const TensorRef& g = r.grad;
+  auto tie = P(b, OpId::prim_eq, {a[0], a[1]});
+  auto shared = where(b, Arg(tie), Arg(mul(b, Arg(g), Arg(0.5))), Arg(g));
+  const OpId loses_a = Max ? OpId::prim_lt : OpId::prim_gt;
+  const OpId loses_b = Max ? OpId::prim_gt : OpId::prim_lt;
+  Arg::List res(2);
+  if (r.needs[0]) res[0] = Arg(where(b, Arg(P(b, loses_a, {a[0], a[1]})), Arg(0.0), Arg(shared)));
+  if (r.needs[1]) res[1] = Arg(where(b, Arg(P(b, loses_b, {a[0], a[1]})), Arg(0.0), Arg(shared)));
+  return res;
+}
+Arg::List grad_where(Builder& b, const GR& r) {
+  const auto& a = r.bsym.args;
+  Arg::List res(3);
+  if (r.needs[1]) res[1] = Arg(where(b, a[0], Arg(r.grad), Arg(0.0)));
+  if (r.needs[2]) res[2] = Arg(where(b, a[0], Arg(0.0), Arg(r.grad)));
+  return res;
+}
+Arg::List grad_convert(Builder& b, const GR& r) {
+  const TensorRef& x = x0(r);
+  return only(r, 0, P(b, OpId::prim_convert_element_type, {Arg(r.grad), Arg(x->dtype)}));
+}
+
+// Index remaps.
+Arg::List grad_broadcast_in_dim(Builder& b, const GR& r) {
+  const TensorRef& x = x0(r);
+  const Shape shape = r.bsym.args[1].int_list();
+  const Shape bdims = r.bsym.args[2].int_list();
+  Shape red;
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+    auto it = std::find(bdims.begin(), bdims.end(), d);
+    if (it == bdims.end() || (x->shape[it - bdims.begin()] == 1 && shape[d] != 1)) red.push_back(d);
+  }
+  return only(r, 0, reshape(b, sum(b, r.grad, red), x->shape));
+}
+Arg::List grad_reshape(Builder& b, const GR& r) { return only(r, 0, reshape(b, r.grad, x0(r)->shape)); }
+Arg::List grad_permute(Builder& b, const GR& r) {
+  const Shape dims = r.bsym.args[1].int_list();
+  Shape inv(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) inv[dims[i]] = static_cast<int64_t>(i);
+  return only(r, 0, P(b, OpId::prim_permute, {Arg(r.grad), Arg::int_list(inv)}));
+}
+// `g` written into zeros of `shape` at the strided positions (size, stride, offset) of a
+// contiguous tensor of that shape.
+TensorRef scatter_into_zeros(Builder& b, const TensorRef& g, const Shape& shape, const Shape& stride,
+                             int64_t offset) {
+  auto flat = zeros(b, {numel(shape)}, g->dtype, g->device);
+  auto s = P(b, OpId::prim_as_strided_scatter,
+             {Arg(flat), Arg(g), Arg::int_list(g->shape), Arg::int_list(stride), Arg(offset)});
+  return reshape(b, s, shape);
+}
+Arg::List grad_slice(Builder& b, const GR& r) {
+  const TensorRef& x = x0(r);
+  const Shape start = r.bsym.args[1].int_list(), end = r.bsym.args[2].int_list(),
+              step = r.bsym.args[3].int_list();
+  bool unit = std::all_of(step.begin(), step.end(), [](int64_t s) { return s == 1; });
+  if (!unit) {
+    const Shape cs = contiguous_strides(x->shape);
+    Shape stride(cs.size());
+    int64_t offset = 0;
+    for (size_t d = 0; d < cs.size(); ++d) {
+      stride[d] = cs[d] * step[d];
+      offset += start[d] * cs[d];
+    }
+    return only(r, 0, scatter_into_zeros(b, r.grad, x->shape, stride, offset));
+  }
+  // Unit steps: zeros concatenated before and after along each sliced dim (a kernel can
+  // compute it; see prim_cat).
+  TensorRef cur = r.grad;
+  for (int64_t d = 0; d < x->ndim(); ++d) {
+    const int64_t before = start[d], after = x->shape[d] - std::min(end[d], x->shape[d]);
+    if (before <= 0 && after <= 0) continue;
+    std::vector<TensorRef> parts;
+    Shape s = cur->shape;
+    if (before > 0) {
+      s[d] = before;
+      parts.push_back(zeros(b, s, cur->dtype, cur->device));
+    }
+    parts.push_back(cur);
+    if (after > 0) {
+      s[d] = after;
+      parts.push_back(zeros(b, s, cur->dtype, cur->device));
+    }
+    cur = P(b, OpId::prim_cat, {Arg::tensor_list(parts), Arg(d)});
+  }
+  return only(r, 0, cur);
+}
+Arg::List grad_squeeze(Builder& b, const GR& r) { return only(r, 0, reshape(b, r.grad, x0(r)->shape)); }
+Arg::List grad_diagonal(Builder& b, const GR& r) {
+  const TensorRef& x = x0(r);
+  const int64_t offset = r.bsym.args[1].as_int(), d1 = r.bsym.args[2].as_int(),
+                d2 = r.bsym.args[3].as_int();
+  const Shape cs = contiguous_strides(x->shape);
+  Shape stride;
+  for (int64_t d = 0; d < x->ndim(); ++d)
+    if (d != d1 && d != d2) stride.push_back(cs[d]);
+  stride.push_back(cs[d1] + cs[d2]);
+  const int64_t start = offset >= 0 ? offset * cs[d2] : -offset * cs[d1];
+  return only(r, 0, scatter_into_zeros(b, r.grad, x->shape, stride, start));
+}
+Arg::List grad_cat(Builder& b, const GR& r) {
+  const auto parts = r.bsym.args[0].tensor_list();
+  const int64_t dim = r.bsym.args[1].as_int();
+  const TensorRef& g = r.grad;
+  Arg::List grads;
+  int64_t off = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t n = parts[i]->shape[dim];
+    if (r.list_needs[0][i]) {
+      Shape start(g->ndim(), 0), end = g->shape, step(g->ndim(), 1);
+      start[dim] = off;
+      end[dim] = off + n;
+      grads.push_back(Arg(P(b, OpId::prim_slice, {Arg(g), Arg::int_list(start), Arg::int_list(end),
+                                                  Arg::int_list(step)})));
+    } else {
+      grads.push_back(Arg());
+    }
+    off += n;
+  }
+  Arg::List res(2);
+  res[0] = Arg(std::move(grads));
+  return res;
+}
+TensorRef as_long(Builder& b, const TensorRef& t) {
+  if (t->dtype == DType::Int64) return t;
+  return P(b, OpId::prim_convert_element_type, {Arg(t), Arg(DType::Int64)});
+}
+// take: the gradient accumulated into zeros at the taken rows (index_add).
+Arg::List grad_take(Builder& b, const GR& r) {
+  const TensorRef& x = x0(r);
+  const int64_t dim = r.bsym.args[2].as_int();
+  Arg::List indices(dim);
+  indices.push_back(Arg(as_long(b, r.bsym.args[1].tensor())));
+  return only(r, 0, P(b, OpId::prim_index_put, {Arg(zeros_like(b, x)), Arg(std::move(indices)),
+                                                Arg(r.grad), Arg(true)}));
+}
+// gather: scatter_add of the gradient, as an accumulating index_put with every index spelled.
+Arg::List grad_gather(Builder& b, const GR& r) {
+  const TensorRef& x = x0(r);
+  const int64_t dim = r.bsym.args[1].as_int();
+  const TensorRef& index = r.bsym.args[2].tensor();
+  Arg::List indices;
+  for (int64_t d = 0; d < index->ndim(); ++d) {
+    if (d == dim) {
+      indices.push_back(Arg(as_long(b, index)));
+      continue;
+    }
+    auto iota = P(b, OpId::prim_iota, {Arg(index->shape[d]), Arg(int64_t{0}), Arg(int64_t{1}),
+                                       Arg(DType::Int64), Arg(index->device)});
+    indices.push_back(Arg(bcast(b, iota, index->shape, {d})));
+  }
+  return only(r, 0, P(b, OpId::prim_index_put, {Arg(zeros_like(b, x)), Arg(std::move(indices)),
+                                                Arg(r.grad), Arg(true)}));
+}
+
+// Reductions.
+Arg::List grad_sum(Builder& b, const GR& r) {
+  const TensorRef& x = x0(r);
+  const Shape dims = r.bsym.args[1].int_list();
+  return only(r, 0, bcast(b, r.grad, x->shape, kept_dims(x->ndim(), dims)));
+}
+// amax/amin: the gradient shared by every element equal to the result.
+Arg::List grad_amax(Builder& b, const GR& r) {
+  const TensorRef& x = x0(r);
+  const Shape dims = r.bsym.args[1].int_list();
+  const Shape kept = kept_dims(x->ndim(), dims);
+  auto hit = P(b, OpId::prim_eq, {Arg(x), Arg(bcast(b, out(r), x->shape, kept))});
+  auto hitf = P(b, OpId::prim_convert_element_type, {Arg(hit), Arg(x->dtype)});
+  auto count = sum(b, hitf, dims);
+  auto share = div(b, Arg(r.grad), Arg(count));
+  return only(r, 0, mul(b, Arg(bcast(b, share, x->shape, kept)), Arg(hitf)));
+}
+Arg::List grad_var(Builder& b, const GR& r) {
+  const TensorRef& x = x0(r);
+  const Shape dims = r.bsym.args[1].int_list();
+  const double correction = r.bsym.args[2].as_double();
+  const Shape kept = kept_dims(x->ndim(), dims);
+  double n = 1;
+  for (auto d : dims) n *= static_cast<double>(x->shape[d]);
+  auto mean = div(b, Arg(sum(b, x, dims)), Arg(n));
+  auto centered = sub(b, Arg(x), Arg(bcast(b, mean, x->shape, kept)));
+  auto scale = mul(b, Arg(bcast(b, r.grad, x->shape, kept)), Arg(2.0 / (n - correction)));
+  return only(r, 0, mul(b, Arg(scale), Arg(centered)));
+}
+// cumsum: the reversed cumulative sum of the gradient, total - cumsum + g.
+Arg::List grad_cumsum(Builder& b, const GR& r) {
+  const TensorRef& x = x0(r);
+  const int64_t dim = r.bsym.args[1].as_int();
+  const TensorRef& g = r.grad;
+  auto total = bcast(b, sum(b, g, {dim}), x->shape, kept_dims(x->ndim(), {dim}));
+  auto inclusive = P(b, OpId::prim_cumsum, {Arg(g), Arg(dim)});
+  return only(r, 0, add(b, Arg(sub(b, Arg(total), Arg(inclusive))), Arg(g)));
+}
+
+// matmul (torch.matmul's batching): a @ b's gradients are g @ b^T and a^T @ g, summed over
+// broadcast batch dims. One-dimensional operands are refused (GradEntry) until measured.
+TensorRef transpose_last(Builder& b, const TensorRef& t) {
+  Shape perm;
+  for (int64_t d = 0; d < t->ndim(); ++d) perm.push_back(d);
+  std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);
+  return P(b, OpId::prim_permute, {Arg(t), Arg::int_list(perm)});
+}
+Arg::List grad_matmul(Builder& b, const GR& r) {
+  const TensorRef& x = r.bsym.args[0].tensor();
+  const TensorRef& w = r.bsym.args[1].tensor();
+  KR_CHECK(x->ndim() >= 2 && w->ndim() >= 2, NotImplemented,
+           "keraunos: the backward of a matmul with a 1-D operand is not supported yet");
+  const TensorRef& g = r.grad;
+  Arg::List res(2);
+  if (r.needs[0])
+    res[0] = Arg(sum_to(b, P(b, OpId::prim_matmul, {Arg(g), Arg(transpose_last(b, w))}), x->shape));
+  if (r.needs[1]) {
+    if (w->ndim() == 2 && x->ndim() > 2) {
+      // A batch of rows times one matrix (linear): one product over all rows.
+      const int64_t k = x->shape.back(), n = g->shape.back();
+      auto x2 = reshape(b, x, {numel(x->shape) / k, k});
+      auto g2 = reshape(b, g, {numel(g->shape) / n, n});
+      res[1] = Arg(P(b, OpId::prim_matmul, {Arg(transpose_last(b, x2)), Arg(g2)}));
+    } else {
+      res[1] = Arg(sum_to(b, P(b, OpId::prim_matmul, {Arg(transpose_last(b, x)), Arg(g)}), w->shape));
+    }
+  }
+  return res;
+}
+
+struct GradTable {
+  std::array<GradEntry, kNumOps> entries{};
+
+  GradTable() {
+    auto rule = [&](OpId op, GradFn fn) { entries[static_cast<size_t>(op)] = {GradKind::Rule, fn, nullptr}; };
+    auto none = [&](OpId op) { entries[static_cast<size_t>(op)] = {GradKind::NoGrad, nullptr, nullptr}; };
+    auto refuse = [&](OpId op, const char* why) {
+      entries[static_cast<size_t>(op)] = {GradKind::Refused, nullptr, why};
+    };
+    rule(OpId::prim_clone, &grad_clone);
+    rule(OpId::prim_restride, &grad_restride);
+    rule(OpId::prim_abs, &grad_abs);
+    rule(OpId::prim_neg, &grad_neg);
+    rule(OpId::prim_exp, &grad_exp);
+    rule(OpId::prim_exp2, &grad_exp2);
+    rule(OpId::prim_log, &grad_log);
+    rule(OpId::prim_log2, &grad_log2);
+    rule(OpId::prim_log1p, &grad_log1p);
+    rule(OpId::prim_expm1, &grad_expm1);
+    rule(OpId::prim_sin, &grad_sin);
+    rule(OpId::prim_cos, &grad_cos);
+    rule(OpId::prim_tan, &grad_tan);
+    rule(OpId::prim_tanh, &grad_tanh);
+    rule(OpId::prim_sigmoid, &grad_sigmoid);
+    rule(OpId::prim_sqrt, &grad_sqrt);
+    rule(OpId::prim_rsqrt, &grad_rsqrt);
+    rule(OpId::prim_erf, &grad_erf);
+    rule(OpId::prim_reciprocal, &grad_reciprocal);
+    for (OpId op : {OpId::prim_floor, OpId::prim_ceil, OpId::prim_round, OpId::prim_trunc,
+                    OpId::prim_sign})
+      rule(op, &grad_zero);
+    for (OpId op : {OpId::prim_isnan, OpId::prim_isinf, OpId::prim_bitwise_not,
+                    OpId::prim_logical_not, OpId::prim_eq, OpId::prim_ne, OpId::prim_lt,
+                    OpId::prim_le, OpId::prim_gt, OpId::prim_ge, OpId::prim_bitwise_and,
+                    OpId::prim_bitwise_or, OpId::prim_bitwise_xor, OpId::prim_logical_and,
+                    OpId::prim_logical_or, OpId::prim_logical_xor, OpId::prim_argmax,
+                    OpId::prim_argmin, OpId::prim_check_index, OpId::prim_full, OpId::prim_iota,
+                    OpId::prim_uniform, OpId::prim_normal, OpId::prim_seed, OpId::manual_seed,
+                    OpId::set_rng_state})
+      none(op);
+    rule(OpId::prim_add, &grad_add);
+    rule(OpId::prim_sub, &grad_sub);
+    rule(OpId::prim_mul, &grad_mul);
+    rule(OpId::prim_div, &grad_div);
+    rule(OpId::prim_remainder, &grad_mod<OpId::prim_floor>);
+    rule(OpId::prim_fmod, &grad_mod<OpId::prim_trunc>);
+    rule(OpId::prim_pow, &grad_pow);
+    rule(OpId::prim_maximum, &grad_extremum<true>);
+    rule(OpId::prim_minimum, &grad_extremum<false>);
+    rule(OpId::prim_where, &grad_where);
+    rule(OpId::prim_convert_element_type, &grad_convert);
+    rule(OpId::prim_broadcast_in_dim, &grad_broadcast_in_dim);
+    rule(OpId::prim_reshape, &grad_reshape);
+    rule(OpId::prim_permute, &grad_permute);
+    rule(OpId::prim_slice, &grad_slice);
+    rule(OpId::prim_squeeze, &grad_squeeze);
+    rule(OpId::prim_diagonal, &grad_diagonal);
+    rule(OpId::prim_cat, &grad_cat);
+    rule(OpId::prim_take, &grad_take);
+    rule(OpId::prim_gather, &grad_gather);
+    rule(OpId::prim_sum, &grad_sum);
+    rule(OpId::prim_amax, &grad_amax);
+    rule(OpId::prim_amin, &grad_amax);
+    rule(OpId::prim_var, &grad_var);
+    rule(OpId::prim_cumsum, &grad_cumsum);
+    rule(OpId::prim_matmul, &grad_matmul);
+    refuse(OpId::prim_floor_divide, "floor_divide");
+    refuse(OpId::prim_prod, "prod");
+    refuse(OpId::prim_index_put, "index_put (an indexed write)");
+    refuse(OpId::prim_index_copy, "index_copy");
+    refuse(OpId::prim_copy_, "a write into an existing tensor");
+    refuse(OpId::prim_as_strided, "a strided read of a mutated storage");
+    refuse(OpId::prim_as_strided_scatter, "a strided write");
+    refuse(OpId::torch_fallback, "a torch call with no table entry");
+    refuse(OpId::torch_fallback_random, "a torch call with no table entry");
+  }
+};
+
+} // namespace
+
+namespace {
+int64_t wrap(int64_t d, int64_t n) { return d < 0 ? d + n : d; }
+
+// Whether no two elements of a tensor with these sizes and strides share memory.
+bool non_overlapping(const TensorProxy& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims; // (stride, size) of dims with size > 1
+  for (size_t d = 0; d < t.shape.size(); ++d)
+    if (t.shape[d] > 1) dims.emplace_back(t.strides[d], t.shape[d]);
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride < span) return false;
+    span = stride * size;
+  }
+  return true;
+}
+} // namespace
+
+TensorRef view_grad(Builder& b, const BoundSymbol& v, const TensorRef& y, const TensorRef& g) {
+  const TensorRef& x = v.args.at(0).tensor();
+  KR_CHECK(x->dtype == y->dtype, NotImplemented, "keraunos: the backward of ",
+           v.def().qualified_name(), " as a dtype view is not supported yet");
+  const int64_t n = x->ndim();
+  if (v.op == OpId::permute) {
+    Shape dims = v.args[1].int_list(), inv(dims.size());
+    for (size_t i = 0; i < dims.size(); ++i) inv[wrap(dims[i], n)] = static_cast<int64_t>(i);
+    return P(b, OpId::prim_permute, {Arg(g), Arg::int_list(inv)});
+  }
+  if ((v.op == OpId::transpose || v.op == OpId::t) && n >= 2) {
+    Shape perm;
+    for (int64_t d = 0; d < n; ++d) perm.push_back(d);
+    const int64_t d0 = v.op == OpId::t ? 0 : wrap(v.args[1].as_int(), n);
+    const int64_t d1 = v.op == OpId::t ? 1 : wrap(v.args[2].as_int(), n);
+    std::swap(perm[d0], perm[d1]);
+    return P(b, OpId::prim_permute, {Arg(g), Arg::int_list(perm)});
+  }
+  if (v.op == OpId::expand) return sum_to(b, g, x->shape);
+  if (x->numel() == y->numel() && x->is_contiguous() && y->is_contiguous())
+    return reshape(b, g, x->shape);
+  KR_CHECK(non_overlapping_dense(x->shape, x->strides) && non_overlapping(*y), NotImplemented,
+           "keraunos: the backward of ", v.def().qualified_name(), " over a ",
+           x->is_contiguous() ? "self-overlapping view" : "non-dense tensor",
+           " is not supported yet");
+  // x fills storage positions [x.offset, x.offset + numel): the gradient in storage order
+  // is zeros with g at y's positions, read back with x's strides.
+  auto flat = zeros(b, {x->numel()}, g->dtype, g->device);
+  auto s = P(b, OpId::prim_as_strided_scatter,
+             {Arg(flat), Arg(g), Arg::int_list(y->shape), Arg::int_list(y->strides),
+              Arg(y->storage_offset - x->storage_offset)});
+  return P(b, OpId::prim_as_strided,
+           {Arg(s), Arg::int_list(x->shape), Arg::int_list(x->strides), Arg(int64_t{0})});
+}
+
+const GradEntry& grad_entry(OpId op) {
+  static const GradTable table;
+  return table.entries.at(static_cast<size_t>(op));
+}
+
+} // namespace keraunos

@@ -1,0 +1,340 @@
+// Autodiff: the joint forward + backward trace of a functional trace, split into a forward
+// and a backward program.
+//
+// Needs: a functional trace (no in-place symbol); its inputs' requires_grad. Guarantees: the
+// backward computes eager's gradients (ops/backward.cpp follows derivatives.yaml); the
+// forward is the input trace's computation, returning what the backward reads from it.
+//
+//   def computation(t0, t1):       # t1 requires grad
+//     t2 = prims.mul(t0, t1)       forward:  t2 = prims.mul(t0, t1); return [t2, [t0]]
+//     return t2                    backward: (t0, g) -> t4 = prims.mul(g, t0); return [None, t4]
+//
+// Steps: the trace is flattened to prims (language ops are differentiated through their
+// decompositions); which tensors require grad is propagated forward (a float result of an
+// op with a differentiable input, as in eager; detach and non-float results stop it); the
+// backward rules run in reverse order, accumulating gradients; CSE and DCE run over the joint
+// trace, so a value the backward recomputes is the forward's. The split: the forward keeps
+// what the outputs need and every effect (random draws); everything else runs in the
+// backward. What the backward reads from the forward is saved, except values that pointwise
+// ops recompute from other saved values in no more bytes (remat below: a greedy pass; an exact
+// min-cut of saved bytes is the next step).
+#include "keraunos/passes/autodiff.h"
+
+#include "keraunos/ir/error.h"
+#include "keraunos/ops/backward.h"
+#include "keraunos/passes/cse.h"
+#include "keraunos/passes/dce.h"
+#include "keraunos/passes/pass_manager.h"
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace keraunos {
+
+namespace {
+
+std::string where(const BoundSymbol& b) {
+  return b.loc && b.loc->line > 0 ? " (at " + b.loc->str() + ")" : "";
+}
+
+bool differentiable_dtype(DType d) { return is_float(d); }
+
+// Refuses what the split programs cannot express yet, by name.
+void check_supported(const Trace& t) {
+  for (const auto& b : t.bsyms) {
+    KR_CHECK(!writes_memory(b), NotImplemented, "keraunos: ", b.def().qualified_name(),
+             " writes into a program input", where(b),
+             "; programs that autograd records and that mutate their inputs run through torch");
+  }
+  std::unordered_set<int64_t> input_storage;
+  for (const auto& i : t.inputs) input_storage.insert(i->storage_id);
+  std::vector<TensorRef> outs;
+  t.output().collect_tensors(outs);
+  std::unordered_set<const TensorProxy*> seen;
+  for (const auto& o : outs) {
+    KR_CHECK(!input_storage.count(o->storage_id), NotImplemented, "keraunos: output ", o->name,
+             " is a program input or a view of one; such programs run through torch when "
+             "autograd records them");
+    KR_CHECK(seen.insert(o.get()).second, NotImplemented, "keraunos: output ", o->name,
+             " is returned twice; such programs run through torch when autograd records them");
+  }
+}
+
+// Bytes of memory a saved tensor keeps alive (a broadcast keeps only its base's elements).
+int64_t saved_bytes(const TensorProxy& t) {
+  int64_t extent = 1;
+  for (size_t d = 0; d < t.shape.size(); ++d)
+    if (t.shape[d] > 1) extent += (t.shape[d] - 1) * std::abs(t.strides[d]);
+  return t.numel() == 0 ? 0 : extent * itemsize(t.dtype);
+}
+
+// Whether the backward may recompute a forward symbol instead of saving its output: an
+// elementwise op or an index remap (cheap in a fused kernel); never a reduction, a matmul, a
+// random draw or a torch call.
+bool recomputable(const BoundSymbol& b) {
+  const OpDef& d = b.def();
+  return d.is_prim() && !has_effect(b) && d.has(tags::E | tags::M) && !d.has(tags::T | tags::R);
+}
+
+// Rematerialization, greedily: a saved tensor whose defining symbol is recomputable is
+// replaced by that symbol's inputs when the inputs not saved yet take no more bytes than it.
+// Repeated until nothing changes, this walks pointwise chains back to their widest-needed
+// values (a GELU's input rather than its three intermediates; a norm's input and row
+// statistics rather than its normalized rows).
+void remat(const Trace& joint, const std::unordered_map<const TensorProxy*, size_t>& definer,
+           std::unordered_set<const TensorProxy*>& saved) {
+  // (Equal-byte swaps cannot cycle in practice, as each step moves up the chain; the round
+  // limit bounds the work on long traces regardless.)
+  bool changed = true;
+  for (int round = 0; changed && round < 64; ++round) {
+    changed = false;
+    std::vector<const TensorProxy*> order(saved.begin(), saved.end());
+    std::sort(order.begin(), order.end(), [&](const TensorProxy* a, const TensorProxy* b) {
+      auto ia = definer.find(a), ib = definer.find(b);
+      size_t pa = ia == definer.end() ? 0 : ia->second + 1, pb = ib == definer.end() ? 0 : ib->second + 1;
+      return pa != pb ? pa > pb : a->name < b->name;
+    });
+    for (const TensorProxy* t : order) {
+      auto it = definer.find(t);
+      if (it == definer.end()) continue; // a program input
+      const BoundSymbol& s = joint.bsyms[it->second];
+      if (!recomputable(s)) continue;
+      int64_t added = 0;
+      std::vector<TensorRef> fresh;
+      for (const auto& in : s.inputs())
+        if (!saved.count(in.get()) &&
+            std::find(fresh.begin(), fresh.end(), in) == fresh.end()) {
+          fresh.push_back(in);
+          // A program input is alive anyway: keeping it costs nothing.
+          if (definer.count(in.get())) added += saved_bytes(*in);
+        }
+      if (added > saved_bytes(*t)) continue;
+      saved.erase(t);
+      for (const auto& in : fresh) saved.insert(in.get());
+      changed = true;
+    }
+  }
+}
+
+} // namespace
+
+GradSplit autodiff(const Trace& trace, const PassContext& ctx) {
+  check_supported(trace);
+  const Trace flat = flatten_to_prims(trace);
+  const std::vector<BoundSymbol> fwd(flat.bsyms.begin(), flat.bsyms.end() - 1);
+
+  // Which tensors require grad.
+  std::unordered_set<const TensorProxy*> req;
+  for (const auto& i : flat.inputs)
+    if (i->requires_grad && differentiable_dtype(i->dtype)) req.insert(i.get());
+  for (const auto& b : fwd) {
+    bool any = false;
+    for (const auto& t : b.inputs()) any = any || req.count(t.get());
+    if (!any) continue;
+    const OpDef& d = b.def();
+    if (b.op == OpId::detach) continue;
+    if (!d.is_prim() && d.has(tags::V)) { // a view: view_grad
+      for (const auto& o : b.outputs())
+        if (differentiable_dtype(o->dtype)) req.insert(o.get());
+      continue;
+    }
+    KR_CHECK(d.is_prim(), NotImplemented, "keraunos: ", d.qualified_name(),
+             " has no backward rule yet", where(b),
+             "; programs that autograd records and that use it run through torch");
+    const GradEntry& e = grad_entry(b.op);
+    KR_CHECK(e.kind != GradKind::Refused, NotImplemented, "keraunos: ", d.qualified_name(), " (",
+             e.why ? e.why : "no rule", ") has no backward rule yet", where(b),
+             "; programs that autograd records and that use it run through torch");
+    if (e.kind == GradKind::NoGrad) continue;
+    for (const auto& o : b.outputs())
+      if (differentiable_dtype(o->dtype)) req.insert(o.get());
+  }
+
+  GradSplit split;
+  std::vector<TensorRef> outs;
+  flat.output().collect_tensors(outs);
+
+  Builder bb(ctx.builder);
+  bb.reserve_names(flat);
+  std::unordered_map<const TensorProxy*, TensorRef> grads;
+  std::vector<TensorRef> grad_inputs;
+  for (const auto& o : outs) {
+    const bool diff = req.count(o.get()) > 0;
+    split.output_differentiable.push_back(diff);
+    if (!diff) continue;
+    auto g = bb.new_tensor(o->dtype, o->device, o->shape);
+    grad_inputs.push_back(g);
+    grads[o.get()] = g;
+  }
+  auto accumulate = [&](const TensorRef& t, const TensorRef& g) {
+    KR_INTERNAL(g->shape == t->shape && g->dtype == t->dtype, "gradient of ", t->name,
+                " has the wrong shape or dtype");
+    auto [it, fresh] = grads.emplace(t.get(), g);
+    if (!fresh) it->second = bb.call(OpId::prim_add, {Arg(it->second), Arg(g)}).tensor();
+  };
+
+  for (size_t i = fwd.size(); i-- > 0;) {
+    const BoundSymbol& b = fwd[i];
+    if (b.op == OpId::detach) continue;
+    if (!b.def().is_prim() && b.def().has(tags::V)) {
+      const TensorRef& x = b.args.at(0).tensor();
+      if (!req.count(x.get())) continue;
+      for (const auto& o : b.outputs()) {
+        auto it = grads.find(o.get());
+        if (it != grads.end()) accumulate(x, view_grad(bb, b, o, it->second));
+      }
+      continue;
+    }
+    if (!b.out.is_tensor()) continue;
+    auto git = grads.find(b.out.tensor().get());
+    if (git == grads.end() || b.op == OpId::detach) continue;
+    const GradEntry& e = grad_entry(b.op);
+    if (e.kind != GradKind::Rule) continue;
+    std::vector<bool> needs;
+    std::vector<std::vector<bool>> list_needs;
+    bool any = false;
+    for (const auto& a : b.args) {
+      needs.push_back(a.is_tensor() && req.count(a.tensor().get()));
+      std::vector<bool> ln;
+      if (a.is_list())
+        for (const auto& el : a.list()) ln.push_back(el.is_tensor() && req.count(el.tensor().get()));
+      any = any || needs.back() || std::count(ln.begin(), ln.end(), true);
+      list_needs.push_back(std::move(ln));
+    }
+    if (!any) continue;
+    const TensorRef g = git->second;
+    Arg::List res = e.fn(bb, GradRequest{b, g, needs, list_needs});
+    KR_INTERNAL(res.size() == b.args.size(), "backward rule of ", b.def().qualified_name(),
+                " returned ", res.size(), " gradients for ", b.args.size(), " arguments");
+    for (size_t k = 0; k < res.size(); ++k) {
+      if (needs[k] && res[k].is_tensor()) accumulate(b.args[k].tensor(), res[k].tensor());
+      if (!list_needs[k].empty() && res[k].is_list()) {
+        const auto& el = b.args[k].list();
+        const auto& gl = res[k].list();
+        for (size_t j = 0; j < el.size(); ++j)
+          if (list_needs[k][j] && gl[j].is_tensor()) accumulate(el[j].tensor(), gl[j].tensor());
+      }
+    }
+  }
+
+  Arg::List input_grads;
+  for (const auto& in : flat.inputs) {
+    auto it = grads.find(in.get());
+    input_grads.push_back(req.count(in.get()) && it != grads.end() ? Arg(it->second) : Arg());
+  }
+  bb.set_return(Arg());
+  Trace bwd_syms = bb.finish();
+  bwd_syms.bsyms.pop_back();
+
+  // The joint trace, cleaned as one program.
+  Trace joint;
+  joint.inputs = flat.inputs;
+  joint.inputs.insert(joint.inputs.end(), grad_inputs.begin(), grad_inputs.end());
+  joint.bsyms = fwd;
+  for (auto& b : bwd_syms.bsyms) joint.bsyms.push_back(std::move(b));
+  BoundSymbol ret;
+  ret.op = OpId::return_;
+  ret.args = {Arg(Arg::List{flat.output(), Arg(std::move(input_grads))})};
+  joint.bsyms.push_back(std::move(ret));
+  joint = dce(cse(joint, ctx).trace, ctx).trace;
+  joint.stage = "autodiff";
+
+  // The split: the forward is what the outputs need, and every effect.
+  const auto& jret = joint.return_symbol().args.at(0).list();
+  std::unordered_set<const TensorProxy*> need;
+  {
+    std::vector<TensorRef> o;
+    jret.at(0).collect_tensors(o);
+    for (const auto& t : o) need.insert(t.get());
+  }
+  std::vector<bool> in_fwd(joint.bsyms.size() - 1, false);
+  for (size_t i = in_fwd.size(); i-- > 0;) {
+    const BoundSymbol& b = joint.bsyms[i];
+    bool needed = has_effect(b);
+    for (const auto& t : b.outputs()) needed = needed || need.count(t.get());
+    if (!needed) continue;
+    in_fwd[i] = true;
+    for (const auto& t : b.inputs()) need.insert(t.get());
+  }
+  // What the backward reads from the forward: saved, unless recomputing it from other saved
+  // values saves at least as many bytes (rematerialize).
+  std::unordered_map<const TensorProxy*, size_t> definer;
+  for (size_t i = 0; i < in_fwd.size(); ++i)
+    if (in_fwd[i])
+      for (const auto& t : joint.bsyms[i].outputs()) definer[t.get()] = i;
+  std::unordered_set<const TensorProxy*> is_input;
+  for (const auto& t : flat.inputs) is_input.insert(t.get());
+  std::unordered_set<const TensorProxy*> saved;
+  auto read_from_forward = [&](const TensorRef& t) {
+    if (definer.count(t.get()) || is_input.count(t.get())) saved.insert(t.get());
+  };
+  for (size_t i = 0; i < in_fwd.size(); ++i)
+    if (!in_fwd[i])
+      for (const auto& t : joint.bsyms[i].inputs()) read_from_forward(t);
+  {
+    std::vector<TensorRef> g;
+    jret.at(1).collect_tensors(g);
+    for (const auto& t : g) read_from_forward(t);
+  }
+  remat(joint, definer, saved);
+
+  // The backward: its own symbols, and the forward's that recompute what it reads unsaved.
+  std::vector<bool> in_bwd(in_fwd.size(), false);
+  std::vector<size_t> stack;
+  for (size_t i = 0; i < in_fwd.size(); ++i)
+    if (!in_fwd[i]) in_bwd[i] = true;
+  auto reach = [&](const TensorRef& t) {
+    if (saved.count(t.get())) return;
+    auto it = definer.find(t.get());
+    if (it != definer.end() && !in_bwd[it->second]) {
+      in_bwd[it->second] = true;
+      stack.push_back(it->second);
+    }
+  };
+  for (size_t i = 0; i < in_fwd.size(); ++i)
+    if (!in_fwd[i])
+      for (const auto& t : joint.bsyms[i].inputs()) reach(t);
+  {
+    std::vector<TensorRef> g;
+    jret.at(1).collect_tensors(g);
+    for (const auto& t : g) reach(t);
+  }
+  while (!stack.empty()) {
+    size_t i = stack.back();
+    stack.pop_back();
+    KR_INTERNAL(!has_effect(joint.bsyms[i]), "an effect recomputed in the backward");
+    for (const auto& t : joint.bsyms[i].inputs()) reach(t);
+  }
+  // Saved tensors in the order the forward defines them (inputs first).
+  std::vector<TensorRef> saved_list;
+  for (const auto& t : flat.inputs)
+    if (saved.count(t.get())) saved_list.push_back(t);
+  for (size_t i = 0; i < in_fwd.size(); ++i)
+    if (in_fwd[i])
+      for (const auto& t : joint.bsyms[i].outputs())
+        if (saved.count(t.get())) saved_list.push_back(t);
+  split.num_saved = saved_list.size();
+
+  split.forward.inputs = flat.inputs;
+  split.backward.inputs = saved_list;
+  split.backward.inputs.insert(split.backward.inputs.end(), grad_inputs.begin(), grad_inputs.end());
+  for (size_t i = 0; i < in_fwd.size(); ++i) {
+    if (in_fwd[i]) split.forward.bsyms.push_back(joint.bsyms[i]);
+    if (in_bwd[i]) split.backward.bsyms.push_back(joint.bsyms[i]);
+  }
+  BoundSymbol fret;
+  fret.op = OpId::return_;
+  fret.args = {Arg(Arg::List{jret.at(0), Arg::tensor_list(saved_list)})};
+  split.forward.bsyms.push_back(std::move(fret));
+  BoundSymbol bret;
+  bret.op = OpId::return_;
+  bret.args = {jret.at(1)};
+  split.backward.bsyms.push_back(std::move(bret));
+  split.forward.stage = "autodiff forward";
+  split.backward.stage = "autodiff backward";
+  split.joint = std::move(joint);
+  return split;
+}
+
+} // namespace keraunos

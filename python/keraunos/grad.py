@@ -1,0 +1,64 @@
+"""Programs that autograd records: a compiled forward and backward pair run as one
+torch.autograd.Function (the pair comes from the C++ autodiff pass, passes/autodiff.cpp).
+
+The forward program returns the outputs and the tensors the backward reads; they are kept
+with ctx.save_for_backward, so autograd frees them when the backward has run (unless
+retain_graph) and checks them for in-place changes between the two, as it does for its own
+saved tensors. Outputs that eager would not make require grad (integer results, detached
+values) are marked non-differentiable. The backward is not itself differentiable: a double
+backward (create_graph=True) raises NotImplementedError by name.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class GradProgram:
+    """Calls like the program it replaces (program inputs in, the trace's return out)."""
+
+    __slots__ = ("forward", "backward", "differentiable", "single")
+
+    def __init__(self, forward, backward, differentiable, single):
+        self.forward = forward
+        self.backward = backward
+        self.differentiable = tuple(differentiable)
+        self.single = single
+
+    def __call__(self, *inputs):
+        box = []
+        tensors = _Function.apply(self, box, *inputs)
+        leaves = box[0]
+        it = iter(tensors)
+        leaves = [next(it) if isinstance(x, torch.Tensor) else x for x in leaves]
+        return leaves[0] if self.single else leaves
+
+
+class _Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gp, box, *inputs):
+        out, saved = gp.forward(*inputs)
+        leaves = [out] if gp.single else list(out)
+        box.append(leaves)
+        tensors = tuple(x for x in leaves if isinstance(x, torch.Tensor))
+        ctx.gp = gp
+        ctx.save_for_backward(*saved)
+        fixed = [t for t, d in zip(tensors, gp.differentiable) if not d]
+        if fixed:
+            ctx.mark_non_differentiable(*fixed)
+        return tensors
+
+    @staticmethod
+    def backward(ctx, *grads):
+        gp = ctx.gp
+        if torch.is_grad_enabled():
+            raise NotImplementedError(
+                "keraunos: a double backward (create_graph=True) through a program compiled by "
+                "keraunos.jit is not supported yet; call the function without keraunos.jit to "
+                "take higher-order gradients"
+            )
+        # The backward program was generated for contiguous gradients of the differentiable
+        # outputs (autograd may hand an expanded or strided one).
+        gs = [g.contiguous() for g, d in zip(grads, gp.differentiable) if d]
+        res = gp.backward(*ctx.saved_tensors, *gs)
+        return (None, None, *res)

@@ -1,0 +1,375 @@
+"""Autograd through compiled programs (passes/autodiff.cpp, python/keraunos/grad.py): outputs
+and the gradients of every input against eager PyTorch, torch.autograd.gradcheck in float64,
+and autograd's behaviours (retain_graph, double backward, no_grad, non-differentiable outputs,
+inputs that get no gradient)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import keraunos
+from harness import _TEST_DEVICE, KERNEL_TESTS, cuda_twins  # noqa: F401
+from keraunos import _C
+
+pytestmark = KERNEL_TESTS
+DEV = _TEST_DEVICE
+
+
+def r(*shape, dtype=torch.float32, positive=False, grad=True):
+    t = torch.randn(*shape, dtype=dtype, device=DEV)
+    if positive:
+        t = t.abs() + 0.5
+    return t.requires_grad_(grad)
+
+
+def idx(high, *shape):
+    return torch.randint(0, high, shape, device=DEV)
+
+
+# name -> (function, inputs maker). Each covers a backward rule (ops/backward.cpp) through the
+# language op users call.
+CASES = {
+    "add_broadcast": (lambda a, b: a + b * 2, lambda: (r(4, 5), r(5))),
+    "sub_scalar": (lambda a: 3.0 - a, lambda: (r(4, 5),)),
+    "mul_div": (lambda a, b: a * b / (b * b + 1), lambda: (r(4, 5), r(4, 5))),
+    "div_tensor": (lambda a, b: a / b, lambda: (r(3, 4), r(3, 4, positive=True))),
+    "pow_scalar": (lambda a: a**3 + a**0.5, lambda: (r(6, positive=True),)),
+    "pow_tensor": (lambda a, b: torch.pow(a, b), lambda: (r(6, positive=True), r(6))),
+    "rpow": (lambda b: torch.pow(2.0, b), lambda: (r(6),)),
+    "unary_math": (
+        lambda a: (
+            a.exp()
+            + a.sin()
+            - a.cos()
+            + a.tanh()
+            + a.sigmoid()
+            + a.erf()
+            + a.abs()
+            + torch.exp2(a)
+            + torch.expm1(a)
+        ),
+        lambda: (r(5, 6),),
+    ),
+    "unary_positive": (
+        lambda a: a.log() + a.log2() + a.log1p() + a.sqrt() + a.rsqrt() + a.reciprocal() + a.tan(),
+        lambda: (r(5, 6, positive=True) * 0.5,),
+    ),
+    "piecewise_zero": (
+        lambda a: a.floor() + a.ceil() + a.round() + a.trunc() + a.sign() + a,
+        lambda: (r(7),),
+    ),
+    "maximum_minimum": (
+        lambda a, b: torch.maximum(a, b) * 2 + torch.minimum(a, b),
+        lambda: (r(8), r(8)),
+    ),
+    "relu_where": (
+        lambda a, b: torch.where(a > 0, a, b * 3) + F.relu(b),
+        lambda: (r(4, 4), r(4, 4)),
+    ),
+    "remainder_fmod": (
+        lambda a, b: torch.remainder(a, b) + torch.fmod(a, b),
+        lambda: (r(6), r(6, positive=True)),
+    ),
+    "gelu_silu": (
+        lambda a: F.gelu(a) + F.silu(a) + F.gelu(a, approximate="tanh"),
+        lambda: (r(4, 8),),
+    ),
+    "softmax": (lambda a: F.softmax(a, -1) * torch.arange(8.0, device=DEV), lambda: (r(3, 8),)),
+    "log_softmax": (lambda a: F.log_softmax(a, 1), lambda: (r(3, 8),)),
+    "layer_norm": (lambda a, w, b: F.layer_norm(a, (8,), w, b), lambda: (r(3, 8), r(8), r(8))),
+    "rms_norm": (lambda a, w: F.rms_norm(a, (8,), w, eps=1e-6), lambda: (r(3, 8), r(8))),
+    "reductions": (
+        lambda a: a.sum(1) + a.mean(1) + a.amax(1) + a.amin(1) + a.var(1) + a.std(1, correction=0),
+        lambda: (r(4, 6),),
+    ),
+    "max_min_ties": (
+        lambda a: a.amax() + a.amin(0).sum(),
+        lambda: (torch.tensor([[1.0, 3.0], [3.0, 1.0]], device=DEV).requires_grad_(),),
+    ),
+    "logsumexp": (lambda a: torch.logsumexp(a, 1), lambda: (r(4, 6),)),
+    "cumsum": (lambda a: torch.cumsum(a, 1) * torch.arange(6.0, device=DEV), lambda: (r(3, 6),)),
+    "views": (
+        lambda a: a.view(6, 4).t().reshape(2, 12).unsqueeze(0).squeeze(0).permute(1, 0) * 1.5,
+        lambda: (r(4, 6),),
+    ),
+    "transpose_contiguous": (lambda a: a.transpose(0, 1).contiguous() * 2, lambda: (r(3, 5),)),
+    "slices": (lambda a: a[1:3, ::2] * 2 + a[:2, 1::2], lambda: (r(4, 6),)),
+    "select_narrow": (lambda a: a[1] + a.narrow(0, 2, 1).squeeze(0), lambda: (r(4, 6),)),
+    "diagonal": (lambda a: torch.diagonal(a, 1) * 3, lambda: (r(5, 5),)),
+    "cat_stack": (
+        lambda a, b: torch.cat([a, b * 2], 1).sum(1) + torch.stack([a, b]).sum((0, 2)),
+        lambda: (r(3, 4), r(3, 4)),
+    ),
+    "rotary": (
+        lambda x, c, s: x * c + torch.cat([-x[..., 4:], x[..., :4]], -1) * s,
+        lambda: (r(2, 3, 8), r(3, 8), r(3, 8)),
+    ),
+    "expand": (lambda a: a.expand(4, 3, 5) * torch.arange(5.0, device=DEV), lambda: (r(3, 1),)),
+    "index_select": (lambda a, i: torch.index_select(a, 0, i) * 2, lambda: (r(5, 3), idx(5, 7))),
+    "embedding": (lambda i, w: F.embedding(i, w).sum(-1), lambda: (idx(10, 3, 4), r(10, 6))),
+    "matmul_2d": (lambda a, b: a @ b, lambda: (r(4, 5), r(5, 3))),
+    "matmul_batched_broadcast": (
+        lambda a, b: torch.matmul(a, b),
+        lambda: (r(2, 3, 4, 5), r(3, 5, 2)),
+    ),
+    "linear_3d": (lambda x, w, b: F.linear(x, w, b), lambda: (r(2, 3, 5), r(4, 5), r(4))),
+    "bmm": (lambda a, b: torch.bmm(a, b), lambda: (r(2, 3, 4), r(2, 4, 5))),
+    "cross_entropy": (lambda x, t: F.cross_entropy(x, t), lambda: (r(6, 10), idx(10, 6))),
+    "cross_entropy_smoothing": (
+        lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1, reduction="sum"),
+        lambda: (r(6, 10), idx(10, 6)),
+    ),
+    "mse": (lambda a, b: F.mse_loss(a, b), lambda: (r(4, 5), r(4, 5))),
+    "bf16_compute": (
+        lambda a, b: (a.to(torch.bfloat16) * b.to(torch.bfloat16)).float().sum(1),
+        lambda: (r(4, 8), r(4, 8)),
+    ),
+    "mixed_requires_grad": (lambda a, b: (a * b).sum(), lambda: (r(4, 5), r(4, 5, grad=False))),
+    "swiglu_mlp": (
+        lambda x, w1, w2, w3: F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2),
+        lambda: (r(2, 3, 8), r(16, 8), r(8, 16), r(16, 8)),
+    ),
+    "several_outputs": (
+        lambda a: (a.sin(), a.argmax(), a.detach() * 2, (a * 2).sum()),
+        lambda: (r(3, 4),),
+    ),
+}
+
+
+FALLBACK_CASES = {
+    "gather": (lambda a, i: torch.gather(a, 1, i) * 2, lambda: (r(4, 5), idx(5, 4, 3))),
+    "take_along_dim": (lambda a, i: torch.take_along_dim(a, i, 1), lambda: (r(4, 5), idx(5, 4, 2))),
+}
+
+
+def _grads(outs, inputs):
+    """Backward of a fixed random combination of the differentiable outputs."""
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    loss = 0
+    for o in outs:
+        if isinstance(o, torch.Tensor) and o.requires_grad:
+            w = torch.randn(o.shape, generator=g, dtype=o.dtype).to(o.device)
+            loss = loss + (o * w).sum()
+    req = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    return torch.autograd.grad(loss, req, allow_unused=True)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gradients_match_eager(name):
+    fn, make = CASES[name]
+    torch.manual_seed(0)
+    inputs = make()
+    mine = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    jf = keraunos.jit(fn)
+    out_k = jf(*mine)
+    assert keraunos.compile_stats(jf)["grad_fallback"] is None, keraunos.compile_stats(jf)[
+        "grad_fallback"
+    ]
+    out_e = fn(*inputs)
+    flat_k = out_k if isinstance(out_k, tuple) else (out_k,)
+    flat_e = out_e if isinstance(out_e, tuple) else (out_e,)
+    for k, e in zip(flat_k, flat_e):
+        assert k.requires_grad == e.requires_grad
+        torch.testing.assert_close(k.detach(), e.detach(), rtol=1e-4, atol=1e-5)
+    g_k = _grads(out_k, mine)
+    g_e = _grads(out_e, inputs)
+    for k, e in zip(g_k, g_e):
+        assert (k is None) == (e is None)
+        if e is not None:
+            torch.testing.assert_close(k, e, rtol=1e-4, atol=1e-5)
+
+
+GRADCHECK = sorted(
+    set(CASES)
+    - {"bf16_compute", "max_min_ties", "piecewise_zero", "maximum_minimum", "several_outputs"}
+)
+
+
+@pytest.mark.parametrize("name", GRADCHECK)
+def test_gradcheck_float64(name):
+    fn, make = CASES[name]
+    torch.manual_seed(1)
+    inputs = tuple(
+        t.detach().double().requires_grad_(t.requires_grad) if t.is_floating_point() else t
+        for t in make()
+    )
+    jf = keraunos.jit(fn)
+    assert torch.autograd.gradcheck(jf, inputs, eps=1e-6, atol=1e-5, rtol=1e-4)
+    assert keraunos.compile_stats(jf)["grad_fallback"] is None
+
+
+def _program_sources(jf):
+    return [getattr(t, "source", "") for t in keraunos.last_traces(jf)]
+
+
+def test_forward_and_backward_are_compiled_programs():
+    def f(x, w):
+        return F.gelu(x @ w).sum()
+
+    jf = keraunos.jit(f)
+    x, w = r(4, 8, grad=False), r(8, 8)
+    jf(x, w).backward()
+    sources = "\n".join(_program_sources(jf))
+    assert "def forward(" in sources and "def backward(" in sources
+    stages = [t.stage for t in keraunos.last_traces(jf)]
+    assert "autodiff" in stages
+
+
+def test_autodiff_trace_golden():
+    """The split of `sin(x) * w`: the forward saves x and w, the backward computes both
+    gradients (exact traces)."""
+
+    def f(x, w):
+        return x.sin() * w
+
+    jf = keraunos.jit(f)
+    jf(r(3), r(3)).sum().backward()
+    traces = {t.stage: t for t in keraunos.last_traces(jf)}
+
+    def body(t):
+        return "\n".join(ln for ln in str(t).splitlines() if not ln.lstrip().startswith("#"))
+
+    assert "autodiff" in traces
+    assert body(traces["autodiff"]) == "\n".join(
+        [
+            "def computation(t0, t1, t4):",
+            "  t2 = prims.sin(t0)  # t2: cpu f32[3]",
+            "  t3 = prims.mul(t2, t1)  # t3: cpu f32[3]",
+            "  t5 = prims.mul(t4, t1)  # t5: cpu f32[3]",
+            "  t6 = prims.mul(t4, t2)  # t6: cpu f32[3]",
+            "  t7 = prims.cos(t0)  # t7: cpu f32[3]",
+            "  t8 = prims.mul(t5, t7)  # t8: cpu f32[3]",
+            "  return t3, [t8, t6]",
+        ]
+    ), body(traces["autodiff"])
+
+
+def test_retain_graph_and_double_backward():
+    def f(x):
+        return (x.exp() * 2).sum()
+
+    x = r(5)
+    out = keraunos.jit(f)(x)
+    (g1,) = torch.autograd.grad(out, x, retain_graph=True)
+    (g2,) = torch.autograd.grad(out, x)
+    torch.testing.assert_close(g1, g2)
+    torch.testing.assert_close(g1, 2 * x.detach().exp())
+    with pytest.raises(NotImplementedError, match="double backward"):
+        (g,) = torch.autograd.grad(keraunos.jit(f)(x), x, create_graph=True)
+    out = keraunos.jit(f)(x)
+    out.backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        out.backward()
+
+
+def test_no_grad_and_requires_grad_changes():
+    def f(x, w):
+        return (x * w).sin()
+
+    jf = keraunos.jit(f)
+    x, w = r(4), r(4)
+    with torch.no_grad():
+        y = jf(x, w)
+    assert not y.requires_grad
+    y = jf(x, w)
+    assert y.requires_grad and y.grad_fn is not None
+    w2 = w.detach()
+    y = jf(x, w2)
+    assert y.requires_grad
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, w.detach() * (x.detach() * w.detach()).cos())
+    y = jf(x.detach(), w2)
+    assert not y.requires_grad
+
+
+def test_unused_and_unconnected_inputs_match_eager():
+    def f(a, b, c):
+        return (a * 2).sum(), b.argmax()
+
+    inputs = (r(3), r(3), r(3))
+    a, b, c = (t.detach().clone().requires_grad_() for t in inputs)
+    la, _ = keraunos.jit(f)(a, b, c)
+    la.backward()
+    assert a.grad is not None and b.grad is None and c.grad is None
+
+
+def test_refused_program_runs_through_torch_with_a_reason():
+    def f(x, w):
+        y = w * 2
+        x.add_(1)  # a write into an input: the autodiff pass refuses it by name
+        return y
+
+    jf = keraunos.jit(f)
+    x, w = r(4, grad=False), r(4)
+    x0 = x.clone()
+    y = jf(x, w)
+    assert "writes into a program input" in keraunos.compile_stats(jf)["grad_fallback"]
+    y.sum().backward()
+    torch.testing.assert_close(w.grad, torch.full_like(w, 2.0))
+    torch.testing.assert_close(x, x0 + 1)
+
+
+@pytest.mark.parametrize("name", ["gather", "take_along_dim"])
+def test_torch_fallback_ops_get_torch_gradients(name):
+    """torch.gather has no op-table entry (a torch fallback symbol): the program runs through
+    torch while autograd records it, and says why."""
+    fn, make = FALLBACK_CASES[name]
+    torch.manual_seed(0)
+    inputs = make()
+    mine = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    jf = keraunos.jit(fn)
+    out_k = jf(*mine)
+    assert "torch call with no table entry" in keraunos.compile_stats(jf)["grad_fallback"]
+    out_e = fn(*inputs)
+    torch.testing.assert_close(out_k, out_e)
+    for k, e in zip(_grads(out_k, mine), _grads(out_e, inputs)):
+        torch.testing.assert_close(k, e)
+
+
+def test_training_loop_matches_eager():
+    torch.manual_seed(0)
+
+    def make():
+        return torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+        ).to(DEV)
+
+    torch.manual_seed(0)
+    eager = make()
+    torch.manual_seed(0)
+    model = make()
+    jm = keraunos.jit(model)
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    opt_k = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    data = torch.randn(100, 8, 16, device=DEV)
+    target = torch.randint(0, 4, (100, 8), device=DEV)
+    for step in range(100):
+        for m, opt, call in ((eager, opt_e, eager), (model, opt_k, jm)):
+            opt.zero_grad()
+            loss = F.cross_entropy(call(data[step]), target[step])
+            loss.backward()
+            opt.step()
+            if m is eager:
+                le = loss.item()
+            else:
+                lk = loss.item()
+        assert abs(le - lk) <= 1e-4 * max(1.0, abs(le)), (step, le, lk)
+    assert keraunos.compile_stats(jm)["grad_fallback"] is None
+
+
+def test_every_prim_has_a_backward_decision():
+    refused = {n for n in _C.op_names() if _C.op_info(n)["prim"] and _C.grad_kind(n) == "refused"}
+    assert refused == {
+        "prim_floor_divide",
+        "prim_prod",
+        "prim_index_put",
+        "prim_index_copy",
+        "prim_copy_",
+        "prim_as_strided",
+        "prim_as_strided_scatter",
+        "torch_fallback",
+        "torch_fallback_random",
+    }
