@@ -59,6 +59,7 @@ class Program:
         self.rng = rng
         self.setup = setup
         self.params = [f"x{i}" for i in range(n_inputs)]
+        self.grad = False  # inputs require grad; the backward is compared too
         self.lines: list[str] = []
         self.returns: list[str] = []
 
@@ -70,9 +71,11 @@ class Program:
         return f"def f({', '.join(self.params)}):\n{body}\n    return ({ret}{',' if len(returns) == 1 else ''})\n"
 
 
-def _make_args(setup, device="cpu"):
+def _make_args(setup, device="cpu", grad=False):
     ns = {"torch": torch, "dev": device}
     exec("\n".join(setup), ns)
+    if grad:  # every input a leaf that requires grad (views keep sharing their storage)
+        return tuple(a.detach().requires_grad_() for a in ns["args"])
     return ns["args"]
 
 
@@ -95,6 +98,11 @@ def _candidate(prog: Program, tensors: dict, fresh: str) -> str:
     nd = t.dim()
     d = rng.randrange(nd) if nd else 0
     kind = rng.random()
+    if prog.grad and 0.30 <= kind < 0.55:
+        # With gradients, in-place lines are rarer (a write involving a tensor that requires
+        # grad runs the program as recorded through torch): most programs exercise the
+        # compiled forward and backward.
+        kind += 0.30
     if kind < 0.30:  # views
         opts = [
             f"{fresh} = {x}.view(-1)",
@@ -170,13 +178,14 @@ def _candidate(prog: Program, tensors: dict, fresh: str) -> str:
     return f"{fresh} = torch.randn({tuple(t.shape)}, device={prog.params[0]}.device)"
 
 
-def generate(seed: int, max_lines: int = 10, device: str = "cpu") -> Program:
+def generate(seed: int, max_lines: int = 10, device: str = "cpu", grad: bool = False) -> Program:
     rng = random.Random(seed)
     setup, n = rng.choice(_INPUT_PATTERNS)
     prog = Program(rng, n, setup)
     prog.device = device
+    prog.grad = grad
     torch.manual_seed(seed)
-    args = _make_args(setup, device)
+    args = _make_args(setup, device, grad)
     n_lines = rng.randint(1, max_lines)
     counter = 0
     attempts = 0
@@ -195,11 +204,15 @@ def generate(seed: int, max_lines: int = 10, device: str = "cpu") -> Program:
             exec(line, ns)
         except Exception:
             continue
-        if not all(
-            torch.isfinite(v).all()
-            for v in ns.values()
-            if isinstance(v, torch.Tensor) and v.is_floating_point()
-        ):
+        try:
+            finite = all(
+                torch.isfinite(v).all()
+                for v in ns.values()
+                if isinstance(v, torch.Tensor) and v.is_floating_point()
+            )
+        except RuntimeError:  # autograd refuses to read a view whose base was written
+            finite = False
+        if not finite:
             continue
         prog.lines.append(line)
         counter += 1
@@ -223,8 +236,16 @@ def run_one(
 ) -> str | None:
     """None when keraunos agrees with eager, else a description of the mismatch. via="compile"
     runs the program through torch.compile(backend="keraunos") instead of keraunos.jit."""
-    from .testing import compare
+    from .testing import compare, compare_grad
 
+    if prog.grad:
+        return compare_grad(
+            _compile(prog.source()),
+            _make_args(prog.setup, prog.device, True),
+            fusion_type=fusion_type,
+            seed=seed,
+            info=info,
+        )
     return compare(
         _compile(prog.source()),
         _make_args(prog.setup, prog.device),
@@ -244,14 +265,19 @@ def shrink(prog: Program, seed: int, fusion_type: str, via: str = "jit") -> Prog
             f = _compile(src)
             from .testing import clone_args
 
-            f(*clone_args(_make_args(prog.setup, prog.device)))
+            f(*clone_args(_make_args(prog.setup, prog.device, prog.grad)))
         except Exception:
             return False  # no longer a valid program
-        from .testing import REFUSED, compare
+        from .testing import REFUSED, compare, compare_grad
 
-        r = compare(
-            f, _make_args(prog.setup, prog.device), fusion_type=fusion_type, seed=seed, via=via
-        )
+        if prog.grad:
+            r = compare_grad(
+                f, _make_args(prog.setup, prog.device, True), fusion_type=fusion_type, seed=seed
+            )
+        else:
+            r = compare(
+                f, _make_args(prog.setup, prog.device), fusion_type=fusion_type, seed=seed, via=via
+            )
         return r is not None and r != REFUSED
 
     lines, returns = list(prog.lines), list(prog.returns)
@@ -271,12 +297,27 @@ def shrink(prog: Program, seed: int, fusion_type: str, via: str = "jit") -> Prog
                     break
     out = Program(prog.rng, len(prog.params), prog.setup)
     out.device = prog.device
+    out.grad = prog.grad
     out.lines, out.returns = lines, returns
     return out
 
 
 def reproducer(prog: Program, seed: int, fusion_type: str, problem: str, via: str = "jit") -> str:
     setup = "\n".join(prog.setup)
+    if prog.grad:
+        return f"""# keraunos fuzzer reproducer (seed {seed}, fusion_type={fusion_type!r}, with gradients)
+# {problem.splitlines()[0] if problem else ""}
+import torch
+import keraunos
+from keraunos.testing import compare_grad
+
+{prog.source()}
+torch.manual_seed({seed})
+dev = {prog.device!r}
+{setup}
+args = tuple(a.detach().requires_grad_() for a in args)
+print(compare_grad(f, args, fusion_type={fusion_type!r}, seed={seed}) or "agrees with eager")
+"""
     return f"""# keraunos fuzzer reproducer (seed {seed}, fusion_type={fusion_type!r}, via={via!r})
 # {problem.splitlines()[0] if problem else ""}
 import torch
@@ -301,6 +342,7 @@ def fuzz(
     device: str = "cpu",
     via: str = "jit",
     deadline: float | None = None,
+    grad: bool = False,
 ) -> list[str]:
     """Runs `programs` programs, or fewer when time.monotonic() passes `deadline`; returns a
     reproducer per mismatch. `stats` gets the counts of programs run and refused (see
@@ -312,17 +354,19 @@ def fuzz(
     failures = []
     refused = 0
     fell_back = 0
+    compiled = 0
     ran = 0
     for i in range(programs):
         if deadline is not None and time.monotonic() > deadline:
             break
         ran += 1
         s = seed + i
-        prog = generate(s, max_lines, device)
+        prog = generate(s, max_lines, device, grad)
         info: dict = {}
         problem = run_one(prog, s, fusion_type, via, info)
         if info.get("eager_regions") or info.get("eager_graphs"):
             fell_back += 1
+        compiled += bool(info.get("compiled"))
         if problem == REFUSED:
             refused += 1
             continue
@@ -333,7 +377,13 @@ def fuzz(
                 print(failures[-1])
                 print(problem)
     if stats is not None:
-        stats.update(programs=ran, refused=refused, mismatches=len(failures), fell_back=fell_back)
+        stats.update(
+            programs=ran,
+            refused=refused,
+            mismatches=len(failures),
+            fell_back=fell_back,
+            compiled_grad=compiled,
+        )
     return failures
 
 
@@ -358,6 +408,11 @@ def main(argv=None):
         help="stop each fusion type after its share of this many seconds and report the "
         "programs run (seeds seed .. seed + programs run - 1)",
     )
+    ap.add_argument(
+        "--grad",
+        action="store_true",
+        help="inputs require grad: compare the backward too (gradients of every input)",
+    )
     args = ap.parse_args(argv)
     kinds = ["consecutive", "dataflow"] if args.fusion_type == "both" else [args.fusion_type]
     total_fail = 0
@@ -378,13 +433,20 @@ def main(argv=None):
             device=args.device,
             via=args.via,
             deadline=deadline,
+            grad=args.grad,
         )
         total_fail += len(fails)
         print(
             f"fusion_type={ft}: {stats['programs']} programs (seeds {args.seed}.."
             f"{args.seed + stats['programs'] - 1}), {len(fails)} mismatches, "
             f"{stats['refused']} refused as order-dependent, {stats['fell_back']} with regions "
-            f"run eagerly ({time.perf_counter() - t0:.1f} s)",
+            f"run eagerly"
+            + (
+                f", {stats['compiled_grad']} through compiled backward programs"
+                if args.grad
+                else ""
+            )
+            + f" ({time.perf_counter() - t0:.1f} s)",
             flush=True,
         )
     return 1 if total_fail else 0

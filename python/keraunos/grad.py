@@ -5,8 +5,10 @@ The forward program returns the outputs and the tensors the backward reads; they
 with ctx.save_for_backward, so autograd frees them when the backward has run (unless
 retain_graph) and checks them for in-place changes between the two, as it does for its own
 saved tensors. Outputs that eager would not make require grad (integer results, detached
-values) are marked non-differentiable. The backward is not itself differentiable: a double
-backward (create_graph=True) raises NotImplementedError by name.
+values) are marked non-differentiable. Outputs that are views of inputs are made here, outside
+the Function, with torch.as_strided on that input: autograd records them as eager does, as
+views. The backward is not itself differentiable: a double backward (create_graph=True)
+raises NotImplementedError by name.
 """
 
 from __future__ import annotations
@@ -17,21 +19,30 @@ import torch
 class GradProgram:
     """Calls like the program it replaces (program inputs in, the trace's return out)."""
 
-    __slots__ = ("forward", "backward", "differentiable", "single")
+    __slots__ = ("forward", "backward", "leaves", "differentiable", "single")
 
-    def __init__(self, forward, backward, differentiable, single):
+    def __init__(self, forward, backward, leaves, single):
         self.forward = forward
         self.backward = backward
-        self.differentiable = tuple(differentiable)
+        self.leaves = tuple(leaves)  # per return leaf: ("value",), ("tensor", d), ("alias", ...)
+        self.differentiable = tuple(info[1] for info in self.leaves if info[0] == "tensor")
         self.single = single
 
     def __call__(self, *inputs):
         box = []
         tensors = _Function.apply(self, box, *inputs)
-        leaves = box[0]
         it = iter(tensors)
-        leaves = [next(it) if isinstance(x, torch.Tensor) else x for x in leaves]
-        return leaves[0] if self.single else leaves
+        out = []
+        for leaf, info in zip(box[0], self.leaves):
+            if info[0] == "tensor":
+                out.append(next(it))
+            elif info[0] == "alias":
+                _, i, identity, detached, size, stride, offset = info
+                base = inputs[i].detach() if detached else inputs[i]
+                out.append(base if identity else torch.as_strided(base, size, stride, offset))
+            else:
+                out.append(leaf)
+        return out[0] if self.single else out
 
 
 class _Function(torch.autograd.Function):
@@ -40,7 +51,7 @@ class _Function(torch.autograd.Function):
         out, saved = gp.forward(*inputs)
         leaves = [out] if gp.single else list(out)
         box.append(leaves)
-        tensors = tuple(x for x in leaves if isinstance(x, torch.Tensor))
+        tensors = tuple(x for x, info in zip(leaves, gp.leaves) if info[0] == "tensor")
         ctx.gp = gp
         ctx.save_for_backward(*saved)
         fixed = [t for t, d in zip(tensors, gp.differentiable) if not d]

@@ -246,6 +246,17 @@ class JittedFunction(_C.Dispatcher):
         st = self._stats
         recorded = torch.is_grad_enabled() and tracer.needs_grad
         st.grad_fallback = None
+        if recorded:
+            write = _C.recorded_write(traces[0])
+            if write is not None:
+                # Autograd must see this write as eager's does: the program runs as recorded,
+                # in place, through torch.
+                st.grad_fallback = write
+                src, program = build_program(traces[0])
+                cg_ms = (time.perf_counter() - t_cg) * 1e3
+                self._traces = [*traces, ProgramTrace(traces[0], src, cg_ms)]
+                self._record_stats(traces, t_start, cg_ms)
+                return program, self._traces
         if recorded and self._fusion:
             if autograd and not tracer.metadata_updates:
                 try:
@@ -275,8 +286,8 @@ class JittedFunction(_C.Dispatcher):
         from .grad import GradProgram
 
         functional = traces[-2]  # after functionalize, DCE and CSE; before partition
-        joint, fwd, bwd, differentiable, _ = _C.autodiff(functional, default_float)
-        if not any(differentiable):
+        joint, fwd, bwd, leaves, _ = _C.autodiff(functional, traces[0], default_float)
+        if not any(info[0] == "tensor" and info[1] for info in leaves):
             return None
         verify = _C.option("verify")
         kf, kb = [], []
@@ -285,7 +296,7 @@ class JittedFunction(_C.Dispatcher):
         src_f, prog_f = build_program(fwd_traces[-1], "forward", fusion=True, kernels_out=kf)
         src_b, prog_b = build_program(bwd_traces[-1], "backward", fusion=True, kernels_out=kb)
         cg_ms = (time.perf_counter() - t_cg) * 1e3
-        program = GradProgram(prog_f, prog_b, differentiable, single)
+        program = GradProgram(prog_f, prog_b, leaves, single)
         self._traces = [
             *traces[:-1],
             joint,

@@ -245,6 +245,77 @@ def compare(
     )
 
 
+def compare_grad(fn, args, *, fusion_type="consecutive", seed=None, info=None) -> str | None:
+    """compare() for a program whose inputs require grad, then the backward: the gradients of
+    every input that requires grad (of a fixed random weighting of the differentiable
+    outputs) against eager's, and which outputs require grad. `info`, when given, receives
+    "compiled": whether the pair of compiled programs ran (else the reason it ran through torch).
+    """
+    problem = compare(fn, args, fusion_type=fusion_type, seed=seed)
+    if problem is not None:
+        return problem
+    eager_args, jit_args = clone_args(args), clone_args(args)
+    if seed is not None:
+        torch.manual_seed(seed)
+    try:
+        expected = fn(*eager_args)
+    except Exception:
+        return None  # compare() agreed on the error
+    jf = keraunos.jit(fn, fusion_type=fusion_type)
+    if seed is not None:
+        torch.manual_seed(seed)
+    with eager_random(seed is not None):
+        actual = jf(*jit_args)
+    if info is not None:
+        reason = keraunos.compile_stats(jf)["grad_fallback"]
+        info["compiled"] = reason is None
+        info["reason"] = reason
+    outs_e = [t for t in pytree.tree_leaves(expected) if isinstance(t, torch.Tensor)]
+    outs_k = [t for t in pytree.tree_leaves(actual) if isinstance(t, torch.Tensor)]
+    flags_e = [t.requires_grad for t in outs_e]
+    flags_k = [t.requires_grad for t in outs_k]
+    if flags_e != flags_k:
+        return f"outputs' requires_grad {flags_k} vs eager {flags_e}"
+
+    def grads(outs, ins):
+        g = torch.Generator().manual_seed(0 if seed is None else seed)
+        loss = None
+        for o in outs:
+            if o.requires_grad:
+                w = torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.device, o.dtype)
+                term = (o * w).sum()
+                loss = term if loss is None else loss + term
+        req = [
+            t for t in pytree.tree_leaves(ins) if isinstance(t, torch.Tensor) and t.requires_grad
+        ]
+        if loss is None or not req:
+            return []
+        return list(torch.autograd.grad(loss, req, allow_unused=True))
+
+    try:
+        g_e = grads(outs_e, eager_args)
+    except Exception as e:
+        eager_error = e
+    else:
+        eager_error = None
+    try:
+        g_k = grads(outs_k, jit_args)
+    except Exception as e:
+        if eager_error is not None and isinstance(e, type(eager_error)):
+            return None
+        return f"keraunos' backward raised {type(e).__name__}: {e}\n{traceback.format_exc()}"
+    if eager_error is not None:
+        return f"eager's backward raised {type(eager_error).__name__}: {eager_error}; keraunos' did not"
+    for i, (k, e) in enumerate(zip(g_k, g_e)):
+        if (k is None) != (e is None):
+            return f"gradient of input {i}: {'None' if k is None else 'a tensor'} vs eager {'None' if e is None else 'a tensor'}"
+        if e is not None:
+            d = differences(k, e, f"gradient of input {i}", 1e-5, 1e-4)
+            if d:
+                return d
+    return None
+
+
 def import_torchvision():
     """Imports torchvision, or returns None when it is not installed. A torchvision whose C++
     operators cannot load (the registry's CUDA wheel next to a CPU torch) still has plain

@@ -373,3 +373,22 @@ def test_every_prim_has_a_backward_decision():
         "torch_fallback",
         "torch_fallback_random",
     }
+
+
+def test_outputs_that_view_inputs_are_views_under_autograd():
+    def f(x, y):
+        return x, x.view(-1)[2:], y.detach().t(), (x * y).sum()
+
+    x, y = r(3, 4), r(3, 4)
+    xe, ye = (t.detach().clone().requires_grad_() for t in (x, y))
+    jf = keraunos.jit(f)
+    out = jf(x, y)
+    ref = f(xe, ye)
+    assert keraunos.compile_stats(jf)["grad_fallback"] is None
+    assert out[0] is x
+    assert (
+        out[1]._base is x or out[1].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    )
+    assert [o.requires_grad for o in out] == [o.requires_grad for o in ref]
+    for k, e in zip(_grads(out, (x, y)), _grads(ref, (xe, ye))):
+        torch.testing.assert_close(k, e)

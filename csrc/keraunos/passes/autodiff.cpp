@@ -47,18 +47,56 @@ void check_supported(const Trace& t) {
              " writes into a program input", where(b),
              "; programs that autograd records and that mutate their inputs run through torch");
   }
+}
+
+// The return's leaves; outputs that view a program input (found by following view symbols
+// back to it) become Alias leaves.
+std::vector<GradSplit::Leaf> classify_leaves(const Trace& t) {
+  std::unordered_map<const TensorProxy*, int64_t> input_index;
   std::unordered_set<int64_t> input_storage;
-  for (const auto& i : t.inputs) input_storage.insert(i->storage_id);
-  std::vector<TensorRef> outs;
-  t.output().collect_tensors(outs);
-  std::unordered_set<const TensorProxy*> seen;
-  for (const auto& o : outs) {
-    KR_CHECK(!input_storage.count(o->storage_id), NotImplemented, "keraunos: output ", o->name,
-             " is a program input or a view of one; such programs run through torch when "
-             "autograd records them");
-    KR_CHECK(seen.insert(o.get()).second, NotImplemented, "keraunos: output ", o->name,
-             " is returned twice; such programs run through torch when autograd records them");
+  for (size_t i = 0; i < t.inputs.size(); ++i) {
+    input_index[t.inputs[i].get()] = static_cast<int64_t>(i);
+    input_storage.insert(t.inputs[i]->storage_id);
   }
+  std::unordered_map<const TensorProxy*, const BoundSymbol*> view_of;
+  for (const auto& b : t.bsyms)
+    if (b.def().has(tags::V))
+      for (const auto& o : b.outputs()) view_of[o.get()] = &b;
+  const Arg& ret = t.output();
+  const Arg::List leaves_args = ret.is_list() ? ret.list() : Arg::List{ret};
+  std::vector<GradSplit::Leaf> leaves;
+  std::unordered_set<const TensorProxy*> seen;
+  for (const auto& a : leaves_args) {
+    GradSplit::Leaf leaf;
+    if (a.is_tensor()) {
+      const TensorRef& o = a.tensor();
+      leaf.kind = GradSplit::Leaf::Tensor;
+      if (input_storage.count(o->storage_id)) {
+        const TensorProxy* cur = o.get();
+        bool detached = false;
+        while (!input_index.count(cur)) {
+          auto it = view_of.find(cur);
+          KR_CHECK(it != view_of.end(), NotImplemented, "keraunos: output ", o->name,
+                   " shares memory with a program input but is not a view of one; such "
+                   "programs run through torch when autograd records them");
+          detached = detached || it->second->op == OpId::detach;
+          cur = it->second->args.at(0).tensor().get();
+        }
+        leaf.kind = GradSplit::Leaf::Alias;
+        leaf.input = input_index[cur];
+        leaf.identity = cur == o.get();
+        leaf.detached = detached;
+        leaf.shape = o->shape;
+        leaf.strides = o->strides;
+        leaf.offset = o->storage_offset;
+      } else {
+        KR_CHECK(seen.insert(o.get()).second, NotImplemented, "keraunos: output ", o->name,
+                 " is returned twice; such programs run through torch when autograd records them");
+      }
+    }
+    leaves.push_back(std::move(leaf));
+  }
+  return leaves;
 }
 
 // Bytes of memory a saved tensor keeps alive (a broadcast keeps only its base's elements).
@@ -119,7 +157,29 @@ void remat(const Trace& joint, const std::unordered_map<const TensorProxy*, size
 
 } // namespace
 
-GradSplit autodiff(const Trace& trace, const PassContext& ctx) {
+std::string recorded_write(const Trace& acquired) {
+  std::unordered_set<int64_t> req;
+  for (const auto& i : acquired.inputs)
+    if (i->requires_grad && differentiable_dtype(i->dtype)) req.insert(i->storage_id);
+  for (const auto& b : acquired.bsyms) {
+    if (b.def().has(tags::Ret)) continue;
+    bool any = false;
+    for (const auto& t : b.inputs()) any = any || req.count(t->storage_id);
+    if (!any) continue;
+    if (writes_memory(b))
+      return "keraunos: " + b.def().qualified_name() +
+             " writes in place where a tensor that requires grad is involved" + where(b) +
+             "; the program runs as recorded through torch, so autograd sees the write as in eager";
+    if (b.op == OpId::detach) continue;
+    for (const auto& o : b.outputs())
+      if (differentiable_dtype(o->dtype)) req.insert(o->storage_id);
+  }
+  return {};
+}
+
+GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext& ctx) {
+  const std::string write = recorded_write(acquired);
+  KR_CHECK(write.empty(), NotImplemented, write);
   check_supported(trace);
   const Trace flat = flatten_to_prims(trace);
   const std::vector<BoundSymbol> fwd(flat.bsyms.begin(), flat.bsyms.end() - 1);
@@ -152,17 +212,29 @@ GradSplit autodiff(const Trace& trace, const PassContext& ctx) {
   }
 
   GradSplit split;
+  split.leaves = classify_leaves(trace);
+  // What the forward returns: alias leaves are made by the caller.
+  Arg fwd_output = flat.output();
   std::vector<TensorRef> outs;
-  flat.output().collect_tensors(outs);
+  {
+    Arg::List* list = fwd_output.is_list() ? &std::get<Arg::List>(fwd_output.v) : nullptr;
+    for (size_t i = 0; i < split.leaves.size(); ++i) {
+      Arg& a = list ? (*list)[i] : fwd_output;
+      if (split.leaves[i].kind == GradSplit::Leaf::Alias) a = Arg();
+      if (a.is_tensor()) outs.push_back(a.tensor());
+    }
+  }
 
   Builder bb(ctx.builder);
   bb.reserve_names(flat);
   std::unordered_map<const TensorProxy*, TensorRef> grads;
   std::vector<TensorRef> grad_inputs;
-  for (const auto& o : outs) {
-    const bool diff = req.count(o.get()) > 0;
-    split.output_differentiable.push_back(diff);
-    if (!diff) continue;
+  size_t k = 0;
+  for (auto& leaf : split.leaves) {
+    if (leaf.kind != GradSplit::Leaf::Tensor) continue;
+    const TensorRef& o = outs.at(k++);
+    leaf.differentiable = req.count(o.get()) > 0;
+    if (!leaf.differentiable) continue;
     auto g = bb.new_tensor(o->dtype, o->device, o->shape);
     grad_inputs.push_back(g);
     grads[o.get()] = g;
@@ -235,7 +307,7 @@ GradSplit autodiff(const Trace& trace, const PassContext& ctx) {
   for (auto& b : bwd_syms.bsyms) joint.bsyms.push_back(std::move(b));
   BoundSymbol ret;
   ret.op = OpId::return_;
-  ret.args = {Arg(Arg::List{flat.output(), Arg(std::move(input_grads))})};
+  ret.args = {Arg(Arg::List{fwd_output, Arg(std::move(input_grads))})};
   joint.bsyms.push_back(std::move(ret));
   joint = dce(cse(joint, ctx).trace, ctx).trace;
   joint.stage = "autodiff";

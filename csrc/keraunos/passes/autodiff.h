@@ -16,16 +16,35 @@ struct GradSplit {
   // Takes (saved tensors..., gradients of the differentiable outputs...) and returns the
   // gradient of each forward input (None where it needs none or gets none).
   Trace backward;
-  // For each tensor of the output (depth-first order): whether it is differentiable (eager's
-  // result would require grad); only these get a gradient input in `backward`.
-  std::vector<bool> output_differentiable;
+  // For each leaf of the trace's return (the list's elements, or the one value): a value
+  // the program returns, or a view of a program input, which the caller makes itself (with
+  // torch.as_strided under autograd, so eager's autograd records it as a view of that input;
+  // `forward` returns None there).
+  struct Leaf {
+    enum Kind { Value, Tensor, Alias } kind = Value;
+    bool differentiable = false; // Tensor: eager's result would require grad (gets a gradient)
+    int64_t input = -1;          // Alias: the input it views
+    bool identity = false;       // Alias: the input itself
+    bool detached = false;       // Alias: a view through detach
+    Shape shape, strides;
+    int64_t offset = 0;
+  };
+  std::vector<Leaf> leaves;
   size_t num_saved = 0;
 };
 
 // Differentiates `trace` (functional: after functionalize, DCE and CSE) with respect to its
-// inputs that require grad. A program that autograd cannot run this way raises
-// NotImplementedError naming what is missing: a write into an input, an output that aliases
-// an input, a symbol with no backward rule. Returns the split pair.
-GradSplit autodiff(const Trace& trace, const PassContext& ctx);
+// inputs that require grad; `acquired` is the same program before functionalization. A
+// program that autograd cannot run this way raises NotImplementedError naming what is
+// missing: an in-place write involving a tensor that requires grad, a write into an input, an
+// output that aliases an input, a symbol with no backward rule. Returns the split pair.
+GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext& ctx);
+
+// The first in-place write in `acquired` (before functionalization) that involves a tensor
+// requiring grad, or nothing, tracked per storage (a view of such a tensor counts), as a
+// message naming the op and the user's line. Eager's autograd sees such writes (a saved value
+// overwritten raises in its backward; a zeroed result keeps its grad_fn); a functional program
+// does not, so such a program runs as recorded, in place, through torch.
+std::string recorded_write(const Trace& acquired);
 
 } // namespace keraunos

@@ -224,18 +224,35 @@ NB_MODULE(_C, m) {
         "default_float"_a = DType::Float32);
 
   m.def("autodiff",
-        [](const Trace& t, DType default_float) {
+        [](const Trace& t, const Trace& acquired, DType default_float) {
           PassContext ctx;
           ctx.builder.default_float = default_float;
           auto t0 = std::chrono::steady_clock::now();
-          GradSplit s = autodiff(t, ctx);
+          GradSplit s = autodiff(t, acquired, ctx);
           s.joint.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          nb::list leaves;
+          for (const auto& l : s.leaves) {
+            if (l.kind == GradSplit::Leaf::Value)
+              leaves.append(nb::make_tuple("value"));
+            else if (l.kind == GradSplit::Leaf::Tensor)
+              leaves.append(nb::make_tuple("tensor", l.differentiable));
+            else
+              leaves.append(nb::make_tuple("alias", l.input, l.identity, l.detached, l.shape,
+                                           l.strides, l.offset));
+          }
           return nb::make_tuple(std::move(s.joint), std::move(s.forward), std::move(s.backward),
-                                s.output_differentiable, s.num_saved);
+                                leaves, s.num_saved);
         },
-        "trace"_a, "default_float"_a = DType::Float32,
+        "trace"_a, "acquired"_a, "default_float"_a = DType::Float32,
         "The joint forward + backward trace of a functional trace, and its split: (joint, "
-        "forward, backward, output_differentiable, num_saved).");
+        "forward, backward, leaves, num_saved); leaves: per leaf of the return, ('value',), "
+        "('tensor', differentiable) or ('alias', input, identity, detached, size, stride, "
+        "storage_offset).");
+  m.def("recorded_write", [](const Trace& acquired) -> std::optional<std::string> {
+    std::string w = recorded_write(acquired);
+    if (w.empty()) return std::nullopt;
+    return w;
+  });
   m.def("grad_kind", [](const std::string& name) {
     const OpDef* d = find_op(name);
     KR_CHECK(d != nullptr, Value, "unknown op '", name, "'");
