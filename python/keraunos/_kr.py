@@ -1,7 +1,9 @@
 """Helpers the torch executor's generated programs call where torch has no one-to-one
 function for a keraunos op (reflected operands, canonical argument orders)."""
 
+import functools
 import operator
+import sys
 
 import torch
 
@@ -139,3 +141,70 @@ def manual_seed(seed):
 
 def set_rng_state(state):
     torch.set_rng_state(state)
+
+
+def torch_vjp(op, args, grads, wrt):
+    """The backward of an op that runs through torch (prims torch_vjp): the op again, on its
+    recorded arguments, under autograd; the gradients of the tensors of `args` (in order) at
+    positions `wrt`, given `grads`, the gradients of its float outputs."""
+    want = set(wrt)
+    leaves = []
+    seen = [0]
+
+    def rebuild(a):
+        if isinstance(a, torch.Tensor):
+            i = seen[0]
+            seen[0] += 1
+            if i in want:
+                t = a.detach().requires_grad_()
+                leaves.append(t)
+                return t
+            return a
+        if isinstance(a, (list, tuple)):
+            return type(a)(rebuild(e) for e in a)
+        return a
+
+    args = rebuild(list(args))
+    with torch.enable_grad():
+        out = fallback(*args) if op == "torch_fallback" else _op_call(op)(args)
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    outs = [o for o in outs if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
+    gs = torch.autograd.grad(
+        [o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True
+    )
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(gs, leaves)]
+
+
+@functools.cache
+def _op_call(op):
+    """A callable taking an op's canonical arguments (the op table's schema order) and calling
+    its torch function, with keyword-only arguments by name."""
+    from . import _C
+
+    info = _C.op_info(op)
+    fn = info["torch_fn"]
+    parts = fn.split(".")
+    target = torch if parts[0] == "torch" else sys.modules[__name__]
+    for p in parts[1:]:
+        target = getattr(target, p)
+    params = info["schema"][info["schema"].index("(") + 1 : info["schema"].rindex(") ->")]
+    names, npos = [], None
+    depth, cur = 0, ""
+    for ch in params + ",":
+        if ch == "," and depth == 0:
+            cur = cur.strip()
+            if cur == "*":
+                npos = len(names)
+            elif cur:
+                names.append(cur.split("=")[0].split()[-1])
+            cur = ""
+            continue
+        depth += ch in "[(" and 1 or (ch in "])" and -1 or 0)
+        cur += ch
+    npos = len(names) if npos is None else npos
+
+    def call(args):
+        return target(*args[:npos], **dict(zip(names[npos:], args[npos:])))
+
+    return call

@@ -109,6 +109,22 @@ CASES = {
     "expand": (lambda a: a.expand(4, 3, 5) * torch.arange(5.0, device=DEV), lambda: (r(3, 1),)),
     "index_select": (lambda a, i: torch.index_select(a, 0, i) * 2, lambda: (r(5, 3), idx(5, 7))),
     "embedding": (lambda i, w: F.embedding(i, w).sum(-1), lambda: (idx(10, 3, 4), r(10, 6))),
+    "gather": (lambda a, i: torch.gather(a, 1, i) * 2, lambda: (r(4, 5), idx(5, 4, 3))),
+    "take_along_dim": (lambda a, i: torch.take_along_dim(a, i, 1), lambda: (r(4, 5), idx(5, 4, 2))),
+    "sdpa_causal": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        lambda: (r(2, 2, 5, 8), r(2, 2, 5, 8), r(2, 2, 5, 8)),
+    ),
+    "rotary_transposed": (
+        lambda q, c, s: (lambda t: t * c + torch.cat([-t[..., 4:], t[..., :4]], -1) * s)(
+            q.transpose(1, 2)
+        ),
+        lambda: (r(2, 5, 3, 8), r(5, 8), r(5, 8)),
+    ),
+    "repeat_kv": (
+        lambda k: k[:, :, None].expand(2, 2, 3, 5, 8).reshape(2, 6, 5, 8) * 2,
+        lambda: (r(2, 5, 2, 8).transpose(1, 2),),
+    ),
     "matmul_2d": (lambda a, b: a @ b, lambda: (r(4, 5), r(5, 3))),
     "matmul_batched_broadcast": (
         lambda a, b: torch.matmul(a, b),
@@ -135,12 +151,6 @@ CASES = {
         lambda a: (a.sin(), a.argmax(), a.detach() * 2, (a * 2).sum()),
         lambda: (r(3, 4),),
     ),
-}
-
-
-FALLBACK_CASES = {
-    "gather": (lambda a, i: torch.gather(a, 1, i) * 2, lambda: (r(4, 5), idx(5, 4, 3))),
-    "take_along_dim": (lambda a, i: torch.take_along_dim(a, i, 1), lambda: (r(4, 5), idx(5, 4, 2))),
 }
 
 
@@ -312,21 +322,23 @@ def test_refused_program_runs_through_torch_with_a_reason():
     torch.testing.assert_close(x, x0 + 1)
 
 
-@pytest.mark.parametrize("name", ["gather", "take_along_dim"])
-def test_torch_fallback_ops_get_torch_gradients(name):
-    """torch.gather has no op-table entry (a torch fallback symbol): the program runs through
-    torch while autograd records it, and says why."""
-    fn, make = FALLBACK_CASES[name]
-    torch.manual_seed(0)
-    inputs = make()
-    mine = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
-    jf = keraunos.jit(fn)
-    out_k = jf(*mine)
-    assert "torch call with no table entry" in keraunos.compile_stats(jf)["grad_fallback"]
-    out_e = fn(*inputs)
-    torch.testing.assert_close(out_k, out_e)
-    for k, e in zip(_grads(out_k, mine), _grads(out_e, inputs)):
-        torch.testing.assert_close(k, e)
+def test_torch_calls_get_their_backward_from_torch():
+    """torch.gather has no op-table entry (a torch fallback symbol) and SDPA runs through
+    torch: their backward is a torch_vjp symbol (recomputed under torch.autograd)."""
+
+    def f(a, i, q):
+        return torch.gather(a, 1, i).sum() + F.scaled_dot_product_attention(q, q, q).sum()
+
+    a, i, q = r(4, 5), idx(5, 4, 3), r(1, 2, 4, 8)
+    jf = keraunos.jit(f)
+    jf(a, i, q).backward()
+    assert keraunos.compile_stats(jf)["grad_fallback"] is None
+    assert "_kr.torch_vjp('torch_fallback'" in "\n".join(_program_sources(jf))
+    assert "_kr.torch_vjp('scaled_dot_product_attention'" in "\n".join(_program_sources(jf))
+    ae, qe = a.detach().clone().requires_grad_(), q.detach().clone().requires_grad_()
+    f(ae, i, qe).backward()
+    torch.testing.assert_close(a.grad, ae.grad)
+    torch.testing.assert_close(q.grad, qe.grad)
 
 
 def test_training_loop_matches_eager():
@@ -370,9 +382,10 @@ def test_every_prim_has_a_backward_decision():
         "prim_copy_",
         "prim_as_strided",
         "prim_as_strided_scatter",
-        "torch_fallback",
         "torch_fallback_random",
+        "torch_vjp",
     }
+    assert _C.grad_kind("torch_fallback") == "torch"
 
 
 def test_outputs_that_view_inputs_are_views_under_autograd():

@@ -1123,6 +1123,7 @@ struct RuleTable {
     torch(OpId::prim_matmul, "matrix products run in torch's libraries (tags::T)");
     torch(OpId::torch_fallback, "a torch call with no table entry");
     torch(OpId::torch_fallback_random, "a torch call with no table entry");
+    torch(OpId::torch_vjp, "a torch op's backward, through torch.autograd");
     torch(OpId::manual_seed, "a side effect on torch's generator");
     torch(OpId::set_rng_state, "a side effect on torch's generator");
     for (KernelRule& r : rules)

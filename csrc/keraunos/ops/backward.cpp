@@ -5,7 +5,6 @@
 #include "keraunos/ops/backward.h"
 
 #include "keraunos/ir/error.h"
-#include "keraunos/ops/meta.h"
 
 #include <algorithm>
 #include <array>
@@ -226,6 +225,28 @@ TensorRef scatter_into_zeros(Builder& b, const TensorRef& g, const Shape& shape,
              {Arg(flat), Arg(g), Arg::int_list(g->shape), Arg::int_list(stride), Arg(offset)});
   return reshape(b, s, shape);
 }
+// `g` placed at `start` (per dim) in zeros of `shape`: zeros concatenated before and after it
+// along each dim where it is smaller (a kernel computes it; see prim_cat).
+TensorRef pad_with_zeros(Builder& b, const TensorRef& g, const Shape& shape, const Shape& start) {
+  TensorRef cur = g;
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+    const int64_t before = start[d], after = shape[d] - start[d] - cur->shape[d];
+    if (before <= 0 && after <= 0) continue;
+    std::vector<TensorRef> parts;
+    Shape s = cur->shape;
+    if (before > 0) {
+      s[d] = before;
+      parts.push_back(zeros(b, s, cur->dtype, cur->device));
+    }
+    parts.push_back(cur);
+    if (after > 0) {
+      s[d] = after;
+      parts.push_back(zeros(b, s, cur->dtype, cur->device));
+    }
+    cur = P(b, OpId::prim_cat, {Arg::tensor_list(parts), Arg(d)});
+  }
+  return cur;
+}
 Arg::List grad_slice(Builder& b, const GR& r) {
   const TensorRef& x = x0(r);
   const Shape start = r.bsym.args[1].int_list(), end = r.bsym.args[2].int_list(),
@@ -241,26 +262,7 @@ Arg::List grad_slice(Builder& b, const GR& r) {
     }
     return only(r, 0, scatter_into_zeros(b, r.grad, x->shape, stride, offset));
   }
-  // Unit steps: zeros concatenated before and after along each sliced dim (a kernel can
-  // compute it; see prim_cat).
-  TensorRef cur = r.grad;
-  for (int64_t d = 0; d < x->ndim(); ++d) {
-    const int64_t before = start[d], after = x->shape[d] - std::min(end[d], x->shape[d]);
-    if (before <= 0 && after <= 0) continue;
-    std::vector<TensorRef> parts;
-    Shape s = cur->shape;
-    if (before > 0) {
-      s[d] = before;
-      parts.push_back(zeros(b, s, cur->dtype, cur->device));
-    }
-    parts.push_back(cur);
-    if (after > 0) {
-      s[d] = after;
-      parts.push_back(zeros(b, s, cur->dtype, cur->device));
-    }
-    cur = P(b, OpId::prim_cat, {Arg::tensor_list(parts), Arg(d)});
-  }
-  return only(r, 0, cur);
+  return only(r, 0, pad_with_zeros(b, r.grad, x->shape, start));
 }
 Arg::List grad_squeeze(Builder& b, const GR& r) { return only(r, 0, reshape(b, r.grad, x0(r)->shape)); }
 Arg::List grad_diagonal(Builder& b, const GR& r) {
@@ -473,8 +475,9 @@ struct GradTable {
     refuse(OpId::prim_copy_, "a write into an existing tensor");
     refuse(OpId::prim_as_strided, "a strided read of a mutated storage");
     refuse(OpId::prim_as_strided_scatter, "a strided write");
-    refuse(OpId::torch_fallback, "a torch call with no table entry");
-    refuse(OpId::torch_fallback_random, "a torch call with no table entry");
+    entries[static_cast<size_t>(OpId::torch_fallback)] = {GradKind::Torch, nullptr, nullptr};
+    refuse(OpId::torch_fallback_random, "a torch call that draws random numbers");
+    refuse(OpId::torch_vjp, "a backward (double backward)");
   }
 };
 
@@ -517,15 +520,47 @@ TensorRef view_grad(Builder& b, const BoundSymbol& v, const TensorRef& y, const 
     return P(b, OpId::prim_permute, {Arg(g), Arg::int_list(perm)});
   }
   if (v.op == OpId::expand) return sum_to(b, g, x->shape);
-  if (x->numel() == y->numel() && x->is_contiguous() && y->is_contiguous())
+  // The same elements in the same order (dims of size 1 added or removed, contiguous dims
+  // merged): a reshape.
+  auto significant = [](const TensorProxy& t) {
+    std::vector<std::pair<int64_t, int64_t>> dims;
+    for (size_t d = 0; d < t.shape.size(); ++d)
+      if (t.shape[d] != 1) dims.emplace_back(t.shape[d], t.strides[d]);
+    return dims;
+  };
+  if (x->numel() == y->numel() &&
+      ((x->is_contiguous() && y->is_contiguous()) || significant(*x) == significant(*y)))
     return reshape(b, g, x->shape);
-  KR_CHECK(non_overlapping_dense(x->shape, x->strides) && non_overlapping(*y), NotImplemented,
-           "keraunos: the backward of ", v.def().qualified_name(), " over a ",
-           x->is_contiguous() ? "self-overlapping view" : "non-dense tensor",
-           " is not supported yet");
-  // x fills storage positions [x.offset, x.offset + numel): the gradient in storage order
-  // is zeros with g at y's positions, read back with x's strides.
-  auto flat = zeros(b, {x->numel()}, g->dtype, g->device);
+  // A box of x (a slice with unit steps in each dim: y has x's strides): g padded with zeros.
+  if (y->ndim() == n && non_overlapping(*x)) {
+    bool box = true;
+    for (int64_t d = 0; d < n && box; ++d)
+      box = y->shape[d] <= x->shape[d] && (y->shape[d] <= 1 || y->strides[d] == x->strides[d]);
+    std::vector<int64_t> order;
+    for (int64_t d = 0; d < n; ++d)
+      if (x->shape[d] > 1) order.push_back(d);
+    std::sort(order.begin(), order.end(),
+              [&](int64_t a, int64_t c) { return x->strides[a] > x->strides[c]; });
+    Shape start(n, 0);
+    int64_t delta = y->storage_offset - x->storage_offset;
+    for (int64_t d : order) {
+      if (!box || x->strides[d] <= 0) break;
+      start[d] = delta / x->strides[d];
+      delta -= start[d] * x->strides[d];
+      box = start[d] >= 0 && start[d] + y->shape[d] <= x->shape[d];
+    }
+    if (box && delta == 0) return pad_with_zeros(b, g, x->shape, start);
+  }
+  KR_CHECK(non_overlapping(*x) && non_overlapping(*y), NotImplemented,
+           "keraunos: the backward of ", v.def().qualified_name(),
+           " over a self-overlapping tensor is not supported yet");
+  // x's elements lie in storage positions [x.offset, x.offset + span): the gradient over that
+  // span is zeros with g at y's positions (a subset of x's), read back at x's positions.
+  int64_t span = 1;
+  for (size_t d = 0; d < x->shape.size(); ++d)
+    if (x->shape[d] > 1) span += (x->shape[d] - 1) * x->strides[d];
+  if (x->numel() == 0) span = 0;
+  auto flat = zeros(b, {span}, g->dtype, g->device);
   auto s = P(b, OpId::prim_as_strided_scatter,
              {Arg(flat), Arg(g), Arg::int_list(y->shape), Arg::int_list(y->strides),
               Arg(y->storage_offset - x->storage_offset)});

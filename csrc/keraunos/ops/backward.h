@@ -13,6 +13,7 @@ enum class GradKind {
   Rule,       // a rule below
   NoGrad,     // no float output, or no tensor input: nothing to differentiate (comparisons)
   Refused,    // no rule yet: a program that needs it runs through torch, where autograd records
+  Torch,      // the backward runs through torch (a torch_vjp symbol; passes/autodiff.cpp)
 };
 
 struct GradRequest {

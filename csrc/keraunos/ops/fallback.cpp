@@ -24,6 +24,18 @@ Arg fallback_outputs(Builder& b, const Arg::List& a) {
 
 Arg impl_torch_fallback(Builder& b, const Arg::List& a) { return fallback_outputs(b, a); }
 Arg impl_torch_fallback_random(Builder& b, const Arg::List& a) { return fallback_outputs(b, a); }
+Arg impl_torch_vjp(Builder& b, const Arg::List& a) {
+  std::vector<TensorRef> ts;
+  a[1].collect_tensors(ts);
+  Arg::List outs;
+  for (int64_t i : a[3].int_list()) {
+    KR_INTERNAL(i >= 0 && i < static_cast<int64_t>(ts.size()), "torch_vjp: wrt index ", i,
+                " out of range");
+    const auto& t = ts[i];
+    outs.push_back(Arg(b.new_tensor(t->dtype, t->device, t->shape)));
+  }
+  return Arg(std::move(outs));
+}
 Arg impl_manual_seed(Builder&, const Arg::List&) { return Arg(); }
 Arg impl_set_rng_state(Builder&, const Arg::List& a) {
   const auto& t = a[0].tensor();

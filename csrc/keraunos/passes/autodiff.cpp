@@ -27,6 +27,7 @@
 #include "keraunos/passes/pass_manager.h"
 
 #include <algorithm>
+#include <functional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -39,6 +40,13 @@ std::string where(const BoundSymbol& b) {
 }
 
 bool differentiable_dtype(DType d) { return is_float(d); }
+
+// Ops whose backward runs through torch (torch_vjp): a torch call with no table entry, and
+// matmul-class language ops that record no prims (scaled_dot_product_attention).
+bool via_torch(const BoundSymbol& b) {
+  const OpDef& d = b.def();
+  return b.op == OpId::torch_fallback || (!d.is_prim() && d.has(tags::T) && b.subsymbols.empty());
+}
 
 // Refuses what the split programs cannot express yet, by name.
 void check_supported(const Trace& t) {
@@ -199,6 +207,15 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
         if (differentiable_dtype(o->dtype)) req.insert(o.get());
       continue;
     }
+    if (via_torch(b)) {
+      KR_CHECK(b.op != OpId::scaled_dot_product_attention || b.args.at(4).as_double() == 0.0,
+               NotImplemented, "keraunos: scaled_dot_product_attention with dropout_p > 0",
+               where(b), " has no backward here yet (its backward would draw other numbers); "
+               "programs that autograd records and that use it run through torch");
+      for (const auto& o : b.outputs())
+        if (differentiable_dtype(o->dtype)) req.insert(o.get());
+      continue;
+    }
     KR_CHECK(d.is_prim(), NotImplemented, "keraunos: ", d.qualified_name(),
              " has no backward rule yet", where(b),
              "; programs that autograd records and that use it run through torch");
@@ -256,6 +273,29 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
         auto it = grads.find(o.get());
         if (it != grads.end()) accumulate(x, view_grad(bb, b, o, it->second));
       }
+      continue;
+    }
+    if (via_torch(b)) {
+      std::vector<TensorRef> ins = b.inputs();
+      std::vector<int64_t> wrt;
+      for (size_t k = 0; k < ins.size(); ++k)
+        if (req.count(ins[k].get())) wrt.push_back(static_cast<int64_t>(k));
+      std::vector<TensorRef> gl;
+      bool any = false;
+      for (const auto& o : b.outputs()) {
+        if (!differentiable_dtype(o->dtype)) continue;
+        auto it = grads.find(o.get());
+        any = any || it != grads.end();
+        gl.push_back(it != grads.end() ? it->second
+                                       : bb.call(OpId::prim_full, {Arg::int_list(o->shape), Arg(0.0),
+                                                                   Arg(o->dtype), Arg(o->device)})
+                                             .tensor());
+      }
+      if (!any || wrt.empty()) continue;
+      Arg r = bb.call(OpId::torch_vjp, {Arg(std::string(b.def().id_name)), Arg(b.args),
+                                        Arg::tensor_list(gl), Arg::int_list(wrt)});
+      const auto gs = r.tensor_list();
+      for (size_t k = 0; k < wrt.size(); ++k) accumulate(ins[wrt[k]], gs[k]);
       continue;
     }
     if (!b.out.is_tensor()) continue;
@@ -391,9 +431,26 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
   split.forward.inputs = flat.inputs;
   split.backward.inputs = saved_list;
   split.backward.inputs.insert(split.backward.inputs.end(), grad_inputs.begin(), grad_inputs.end());
-  for (size_t i = 0; i < in_fwd.size(); ++i) {
+  for (size_t i = 0; i < in_fwd.size(); ++i)
     if (in_fwd[i]) split.forward.bsyms.push_back(joint.bsyms[i]);
-    if (in_bwd[i]) split.backward.bsyms.push_back(joint.bsyms[i]);
+  // The backward in joint order, except that a recomputed forward symbol comes right before
+  // its first reader: recomputation then lands in its readers' fusion region instead of
+  // materializing its results across a matmul.
+  {
+    std::vector<bool> emitted(in_fwd.size(), false);
+    std::function<void(size_t)> emit = [&](size_t i) {
+      if (emitted[i]) return;
+      emitted[i] = true;
+      for (const auto& t : joint.bsyms[i].inputs()) {
+        auto it = definer.find(t.get());
+        if (it != definer.end() && in_bwd[it->second] && in_fwd[it->second]) emit(it->second);
+      }
+      split.backward.bsyms.push_back(joint.bsyms[i]);
+    };
+    for (size_t i = 0; i < in_fwd.size(); ++i)
+      if (in_bwd[i] && !in_fwd[i]) emit(i);
+    for (size_t i = 0; i < in_fwd.size(); ++i)
+      if (in_bwd[i]) emit(i);
   }
   BoundSymbol fret;
   fret.op = OpId::return_;

@@ -88,6 +88,23 @@ PassResult partition(const Trace& trace, const PassContext& ctx) {
     for (const auto& t : bs[i].outputs()) producer[t.get()] = i;
     can_fuse[i] = fusible(bs[i], returned);
   }
+  // An index remap (a transpose of a weight, a reshape) read only by matmul-class ops, or by
+  // such remaps, stays out of regions: torch gives it as a view, which the matmul reads with
+  // its strides, where a kernel would copy it.
+  {
+    std::vector<std::vector<int>> readers(n);
+    for (int i = 0; i < n; ++i)
+      for (int p : g.producers[i]) readers[p].push_back(i);
+    for (int i = n; i-- > 0;) {
+      if (!can_fuse[i] || !bs[i].def().is_prim() || !bs[i].def().has(tags::M) || readers[i].empty())
+        continue;
+      bool views_only = true;
+      for (int r : readers[i])
+        views_only = views_only && (bs[r].def().has(tags::T) ||
+                                    (!can_fuse[r] && bs[r].def().is_prim() && bs[r].def().has(tags::M)));
+      if (views_only) can_fuse[i] = false;
+    }
+  }
 
   // Group symbols (union-find over symbol indices; a group's first symbol is its leader).
   std::vector<int> parent(n);

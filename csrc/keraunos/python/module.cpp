@@ -260,6 +260,7 @@ NB_MODULE(_C, m) {
     case GradKind::Rule: return "rule";
     case GradKind::NoGrad: return "none";
     case GradKind::Refused: return "refused";
+    case GradKind::Torch: return "torch";
     }
     return "refused";
   });
