@@ -118,7 +118,8 @@ for step in $STEPS; do
     ;;
   cudafuzzpar)
     # CUDA fuzz workers in the background (CUDA_FUZZ_WORKERS per fusion type, CUDA_FUZZ_SEED0,
-    # CUDA_FUZZ_SECONDS); `wait` collects them with the CPU ones.
+    # CUDA_FUZZ_SECONDS, CUDA_FUZZ_GRAD_WORKERS with --grad); `wait` collects them with the CPU
+    # ones.
     stamp "cuda fuzz workers"
     w=${CUDA_FUZZ_WORKERS:-4}; s0=${CUDA_FUZZ_SEED0:-700000}; n=100000
     for ft in consecutive dataflow; do
@@ -127,7 +128,25 @@ for step in $STEPS; do
           --programs $n --seed $((s0 + i * n)) --device cuda --fusion-type $ft --max-lines 12 \
           --seconds ${CUDA_FUZZ_SECONDS:-400} >"$OUT/fuzz-cuda-$ft-$i.log" 2>&1) &
       done
+      # With gradients (CUDA_FUZZ_GRAD_WORKERS per fusion type).
+      for i in $(seq 0 $(( ${CUDA_FUZZ_GRAD_WORKERS:-0} - 1 ))); do
+        (cd /tmp && KERAUNOS_CACHE_DIR=/tmp/kr-gfuzz-$ft-$i timeout $(( ${CUDA_FUZZ_SECONDS:-400} + 60 )) python3 -m keraunos.fuzz \
+          --programs $n --seed $((s0 + 5000000 + i * n)) --device cuda --fusion-type $ft --max-lines 12 --grad \
+          --seconds ${CUDA_FUZZ_SECONDS:-400} >"$OUT/fuzz-cudagrad-$ft-$i.log" 2>&1) &
+      done
     done
+    ;;
+  gradtests)
+    # Autograd through compiled programs on CUDA (tests/python/test_grad.py).
+    stamp "grad tests on CUDA (xdist)"
+    (cd tests/python && KERAUNOS_TEST_DEVICE=cuda timeout ${GRADTESTS_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider \
+      -n ${GRADTESTS_WORKERS:-6} --tb=short -rf test_grad.py) >"$OUT/gradtests.log" 2>&1
+    grep -E "^FAILED|passed|failed" "$OUT/gradtests.log" | cut -c1-400 | tail -20
+    ;;
+  train)
+    stamp "training step benchmark (CUDA, bf16)"
+    timeout ${TRAIN_TIMEOUT:-240} python3 benchmarks/train.py --rounds ${TRAIN_ROUNDS:-5} >"$OUT/train.md" 2>"$OUT/train.err"
+    grep -E "^\||^#" "$OUT/train.md"; tail -5 "$OUT/train.err"
     ;;
   wait)
     stamp "waiting for fuzz workers"

@@ -18,6 +18,7 @@ PASS_ONLY = {
     "scatter_strided",
     "restride",
     "batch_norm_functional",
+    "torch_vjp",  # the autodiff pass's backward of ops that run through torch
 }
 
 
