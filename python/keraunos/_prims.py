@@ -92,6 +92,12 @@ def reshape(a, shape):
     return a.reshape(shape).clone()
 
 
+def reshape_view(a, shape):
+    # Where the program cannot tell a view from a copy (fused_program.cpp: view_reshapes); the
+    # result is contiguous either way, as the kernels that read it expect.
+    return a.view(shape) if a.is_contiguous() else a.reshape(shape).contiguous()
+
+
 def permute(a, dims):
     return a.permute(dims)
 

@@ -148,6 +148,11 @@ for step in $STEPS; do
     timeout ${TRAIN_TIMEOUT:-240} python3 benchmarks/train.py --rounds ${TRAIN_ROUNDS:-5} >"$OUT/train.md" 2>"$OUT/train.err"
     grep -E "^\||^#" "$OUT/train.md"; tail -5 "$OUT/train.err"
     ;;
+  proftrain)
+    stamp "training step profile (CUDA, bf16)"
+    timeout ${PROFTRAIN_TIMEOUT:-240} python3 scripts/dev/profile_train.py --dump "$OUT/train_programs.txt" >"$OUT/proftrain.log" 2>&1
+    cat "$OUT/proftrain.log" | grep -v "^\[" | tail -90
+    ;;
   wait)
     stamp "waiting for fuzz workers"
     wait

@@ -3,7 +3,9 @@
 #include "keraunos/codegen/torch_program.h"
 #include "keraunos/ir/error.h"
 #include "keraunos/passes/partition.h"
+#include "keraunos/passes/pass.h"
 
+#include <algorithm>
 #include <functional>
 #include <optional>
 #include <sstream>
@@ -22,6 +24,25 @@ void flatten(const BoundSymbol& b, std::vector<BoundSymbol>& out) {
     return;
   }
   for (const auto& s : b.subsymbols) flatten(s, out);
+}
+
+// A composite's inner detach (softmax's shift by its maximum: no gradient flows through it)
+// changes no value: its readers read its input instead, so the decomposition stays all prims.
+// A detach the composite returns stays (its result must be a view without grad).
+void drop_inner_detaches(std::vector<BoundSymbol>& prims, const std::vector<TensorRef>& outs) {
+  ProxyMap m;
+  std::vector<BoundSymbol> kept;
+  for (auto& p : prims) {
+    if (p.op == OpId::detach &&
+        std::none_of(outs.begin(), outs.end(), [&](const TensorRef& o) { return o.get() == p.out.tensor().get(); })) {
+      const TensorRef& x = p.args.at(0).tensor();
+      auto it = m.find(x.get());
+      m[p.out.tensor().get()] = it != m.end() ? it->second : x;
+      continue;
+    }
+    kept.push_back(m.empty() ? std::move(p) : substitute(p, m));
+  }
+  prims = std::move(kept);
 }
 
 // Moves the views of values the region does not compute (its inputs: q[..., :d] of a rotary
@@ -54,11 +75,31 @@ struct PStep {
   BoundSymbol owned;                 // the prim itself, when it comes from a region
   bool is_owned = false;
   bool dropped = false; // an epilogue copy fused into its kernel
+  bool as_view = false; // a prims.reshape that may share its input's memory
 };
 
 std::vector<TensorRef> step_inputs(const PStep& s, const FusedProgram& fp) {
   if (s.kernel >= 0) return fp.kernels[s.kernel].inputs;
   return (s.is_owned ? s.owned : *s.bsym).inputs();
+}
+
+// prims.reshape makes a tensor of its own; torch's reshape of a contiguous tensor is a view
+// (no copy). A program that writes no memory cannot tell the two apart, except through what it
+// returns (a fresh tensor must not alias): there every reshape not returned runs as a view.
+// Backward programs (no writes; most of their reshapes flatten batch dims of a gradient for a
+// matmul) are the ones this pays for.
+void view_reshapes(std::vector<PStep>& steps, const Trace& trace) {
+  for (const auto& b : trace.bsyms)
+    if (writes_memory(b)) return;
+  std::vector<TensorRef> returned;
+  trace.output().collect_tensors(returned);
+  std::unordered_set<const TensorProxy*> returned_set;
+  for (const auto& t : returned) returned_set.insert(t.get());
+  for (auto& s : steps) {
+    if (s.kernel >= 0 || s.dropped) continue;
+    const BoundSymbol& b = s.is_owned ? s.owned : *s.bsym;
+    if (b.op == OpId::prim_reshape && !returned_set.count(b.out.tensor().get())) s.as_view = true;
+  }
 }
 
 // Fuses `copy_(x, t)` into the kernel that computes t when that kernel reads x only at the
@@ -169,6 +210,7 @@ FusedProgram fused_program(const Trace& trace, const std::string& name, const Fu
         for (const auto& m : b.subsymbols) {
           std::vector<BoundSymbol> mp;
           flatten(m, mp);
+          drop_inner_detaches(mp, m.outputs());
           bool all = true;
           for (const auto& p : mp) all = all && kernel_supports(p);
           if (all) {
@@ -179,8 +221,10 @@ FusedProgram fused_program(const Trace& trace, const std::string& name, const Fu
             prims.push_back(std::move(whole));
           }
         }
+        drop_inner_detaches(prims, b.outputs());
       } else {
         flatten(b, prims);
+        drop_inner_detaches(prims, b.outputs());
       }
       // Only regions that compute: a lone view stays a (free) torch view. A reshape of an
       // expanded tensor (repeat_kv's expand + reshape) copies whatever the layout of what it
@@ -245,6 +289,7 @@ FusedProgram fused_program(const Trace& trace, const std::string& name, const Fu
     }
   }
   reinplace(steps, fp, trace);
+  view_reshapes(steps, trace);
 
   std::ostringstream os;
   os << "def " << name << "(";
@@ -264,7 +309,12 @@ FusedProgram fused_program(const Trace& trace, const std::string& name, const Fu
       os << kc.kernel.name << "(" << args << ")\n";
       continue;
     }
-    os << torch_statement(s.is_owned ? s.owned : *s.bsym);
+    const BoundSymbol& b = s.is_owned ? s.owned : *s.bsym;
+    if (s.as_view) {
+      os << "  " << b.out.str() << " = _prims.reshape_view(" << format_call_args(b.def(), b.args) << ")\n";
+      continue;
+    }
+    os << torch_statement(b);
   }
   fp.source = os.str();
   return fp;

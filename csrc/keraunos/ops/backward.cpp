@@ -214,16 +214,31 @@ Arg::List grad_permute(Builder& b, const GR& r) {
   const Shape dims = r.bsym.args[1].int_list();
   Shape inv(dims.size());
   for (size_t i = 0; i < dims.size(); ++i) inv[dims[i]] = static_cast<int64_t>(i);
+  // A matrix's transpose whose gradient is a matrix product: (A B)^T = B^T A^T, so the
+  // gradient (a weight's, of F.linear) comes out in the matrix's own layout, as eager's mm
+  // backward makes it, not as a transposed view to copy.
+  const BoundSymbol* made = b.producer(r.grad);
+  if (dims == Shape{1, 0} && made && made->op == OpId::prim_matmul) {
+    const TensorRef& a = made->args[0].tensor();
+    const TensorRef& c = made->args[1].tensor();
+    if (a->ndim() == 2 && c->ndim() == 2)
+      return only(r, 0, P(b, OpId::prim_matmul, {Arg(P(b, OpId::prim_permute, {Arg(c), Arg::int_list({1, 0})})),
+                                                 Arg(P(b, OpId::prim_permute, {Arg(a), Arg::int_list({1, 0})}))}));
+  }
   return only(r, 0, P(b, OpId::prim_permute, {Arg(r.grad), Arg::int_list(inv)}));
+}
+// Zeros of `span` elements with `g` written at the strided positions (g's sizes, `stride`,
+// `offset`) of that flat span.
+TensorRef flat_scatter(Builder& b, const TensorRef& g, int64_t span, const Shape& stride, int64_t offset) {
+  auto flat = zeros(b, {span}, g->dtype, g->device);
+  return P(b, OpId::prim_as_strided_scatter,
+           {Arg(flat), Arg(g), Arg::int_list(g->shape), Arg::int_list(stride), Arg(offset)});
 }
 // `g` written into zeros of `shape` at the strided positions (size, stride, offset) of a
 // contiguous tensor of that shape.
 TensorRef scatter_into_zeros(Builder& b, const TensorRef& g, const Shape& shape, const Shape& stride,
                              int64_t offset) {
-  auto flat = zeros(b, {numel(shape)}, g->dtype, g->device);
-  auto s = P(b, OpId::prim_as_strided_scatter,
-             {Arg(flat), Arg(g), Arg::int_list(g->shape), Arg::int_list(stride), Arg(offset)});
-  return reshape(b, s, shape);
+  return reshape(b, flat_scatter(b, g, numel(shape), stride, offset), shape);
 }
 // `g` placed at `start` (per dim) in zeros of `shape`: zeros concatenated before and after it
 // along each dim where it is smaller (a kernel computes it; see prim_cat).
@@ -318,6 +333,21 @@ Arg::List grad_gather(Builder& b, const GR& r) {
   const TensorRef& x = x0(r);
   const int64_t dim = r.bsym.args[1].as_int();
   const TensorRef& index = r.bsym.args[2].tensor();
+  // One index per row along `dim` (cross-entropy's pick of the target's log-probability): each
+  // element of x receives the gradient of the one position that picked it, or 0, so the
+  // gradient is pointwise, fusible with what produced it: where(index == iota, grad, 0).
+  bool one_pick = index->shape[dim] == 1;
+  for (int64_t d = 0; d < index->ndim(); ++d)
+    one_pick = one_pick && (d == dim || index->shape[d] == x->shape[d]);
+  if (one_pick && x->numel() > 0) {
+    Shape all(x->ndim());
+    for (int64_t d = 0; d < x->ndim(); ++d) all[d] = d;
+    auto iota = P(b, OpId::prim_iota, {Arg(x->shape[dim]), Arg(int64_t{0}), Arg(int64_t{1}),
+                                       Arg(DType::Int64), Arg(index->device)});
+    auto hit = P(b, OpId::prim_eq, {Arg(bcast(b, as_long(b, index), x->shape, all)),
+                                    Arg(bcast(b, iota, x->shape, {dim}))});
+    return only(r, 0, where(b, Arg(hit), Arg(bcast(b, r.grad, x->shape, all)), Arg(0.0)));
+  }
   Arg::List indices;
   for (int64_t d = 0; d < index->ndim(); ++d) {
     if (d == dim) {
@@ -560,10 +590,8 @@ TensorRef view_grad(Builder& b, const BoundSymbol& v, const TensorRef& y, const 
   for (size_t d = 0; d < x->shape.size(); ++d)
     if (x->shape[d] > 1) span += (x->shape[d] - 1) * x->strides[d];
   if (x->numel() == 0) span = 0;
-  auto flat = zeros(b, {span}, g->dtype, g->device);
-  auto s = P(b, OpId::prim_as_strided_scatter,
-             {Arg(flat), Arg(g), Arg::int_list(y->shape), Arg::int_list(y->strides),
-              Arg(y->storage_offset - x->storage_offset)});
+  KR_INTERNAL(g->shape == y->shape, "view_grad: the gradient's shape is not the view's");
+  auto s = flat_scatter(b, g, span, y->strides, y->storage_offset - x->storage_offset);
   return P(b, OpId::prim_as_strided,
            {Arg(s), Arg::int_list(x->shape), Arg::int_list(x->strides), Arg(int64_t{0})});
 }

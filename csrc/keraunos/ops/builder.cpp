@@ -95,6 +95,14 @@ Arg Builder::call(OpId op, Arg::List args, std::shared_ptr<const SourceLoc> loc)
   return result;
 }
 
+const BoundSymbol* Builder::producer(const TensorRef& t) const {
+  const auto& scope = *scopes_.back();
+  for (auto it = scope.rbegin(); it != scope.rend(); ++it)
+    for (const auto& o : it->outputs())
+      if (o.get() == t.get()) return &*it;
+  return nullptr;
+}
+
 Arg Builder::call_user(OpId op, const Arg::List& args, const Kwargs& kwargs,
                        const std::string& display, std::shared_ptr<const SourceLoc> loc) {
   const OpDef& d = op_def(op);

@@ -51,6 +51,10 @@ public:
   void set_return(Arg output);
   Trace finish();
 
+  // The symbol of the current scope that made `t` (nullptr for inputs and tensors of other
+  // scopes). Backward rules use it to rewrite a gradient made a line before.
+  const BoundSymbol* producer(const TensorRef& t) const;
+
   // Number of bound symbols recorded in the current scope (for tests).
   size_t scope_size() const { return scopes_.back()->size(); }
 

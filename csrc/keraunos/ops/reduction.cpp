@@ -23,6 +23,7 @@ DType compute_dtype(DType d) {
 TensorRef cvt(Builder& b, const TensorRef& t, DType d) { return to_dtype(b, Arg(t), d).tensor(); }
 
 TensorRef prim(Builder& b, OpId op, Arg::List args) { return b.call(op, std::move(args)).tensor(); }
+TensorRef detached(Builder& b, const TensorRef& t) { return prim(b, OpId::detach, {Arg(t)}); }
 
 // A reduction prim over `dims` (sorted, unique).
 TensorRef reduce(Builder& b, OpId op, const TensorRef& x, const std::vector<int64_t>& dims) {
@@ -190,7 +191,9 @@ Arg softmax_like(Builder& b, const Arg::List& a, bool log, std::string_view name
   auto xc = make_contiguous(b, cvt(b, cvt(b, x, out), compute_dtype(out)));
   TensorRef shifted = xc;
   if (x->numel() > 0) {
-    auto m = expand_back(b, reduce(b, OpId::prim_amax, xc, dims), xc->shape, dims);
+    // The shift by the maximum cancels in the result: eager's backward has no term through
+    // it, nor does ours (detached).
+    auto m = expand_back(b, detached(b, reduce(b, OpId::prim_amax, xc, dims)), xc->shape, dims);
     shifted = prim(b, OpId::prim_sub, {Arg(xc), Arg(m)});
   }
   auto e = prim(b, OpId::prim_exp, {Arg(shifted)});
@@ -259,7 +262,7 @@ Arg impl_logsumexp(Builder& b, const Arg::List& a) {
     r = prim(b, OpId::prim_log, {Arg(reduce(b, OpId::prim_sum, prim(b, OpId::prim_exp, {Arg(xc)}), dims))});
   } else {
     // Eager: m = amax (infinities replaced by 0); log(sum(exp(x - m))) + m.
-    auto m = reduce(b, OpId::prim_amax, xc, dims);
+    auto m = detached(b, reduce(b, OpId::prim_amax, xc, dims));
     auto inf = prim(b, OpId::prim_isinf, {Arg(m)});
     m = prim(b, OpId::prim_where, {Arg(inf), Arg(0.0), Arg(m)});
     auto sh = prim(b, OpId::prim_sub, {Arg(xc), Arg(expand_back(b, m, xc->shape, dims))});

@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -123,44 +124,122 @@ bool recomputable(const BoundSymbol& b) {
   return d.is_prim() && !has_effect(b) && d.has(tags::E | tags::M) && !d.has(tags::T | tags::R);
 }
 
-// Rematerialization, greedily: a saved tensor whose defining symbol is recomputable is
-// replaced by that symbol's inputs when the inputs not saved yet take no more bytes than it.
-// Repeated until nothing changes, this walks pointwise chains back to their widest-needed
-// values (a GELU's input rather than its three intermediates; a norm's input and row
-// statistics rather than its normalized rows).
-void remat(const Trace& joint, const std::unordered_map<const TensorProxy*, size_t>& definer,
-           std::unordered_set<const TensorProxy*>& saved) {
-  // (Equal-byte swaps cannot cycle in practice, as each step moves up the chain; the round
-  // limit bounds the work on long traces regardless.)
-  bool changed = true;
-  for (int round = 0; changed && round < 64; ++round) {
-    changed = false;
-    std::vector<const TensorProxy*> order(saved.begin(), saved.end());
-    std::sort(order.begin(), order.end(), [&](const TensorProxy* a, const TensorProxy* b) {
-      auto ia = definer.find(a), ib = definer.find(b);
-      size_t pa = ia == definer.end() ? 0 : ia->second + 1, pb = ib == definer.end() ? 0 : ib->second + 1;
-      return pa != pb ? pa > pb : a->name < b->name;
-    });
-    for (const TensorProxy* t : order) {
-      auto it = definer.find(t);
-      if (it == definer.end()) continue; // a program input
-      const BoundSymbol& s = joint.bsyms[it->second];
-      if (!recomputable(s)) continue;
-      int64_t added = 0;
-      std::vector<TensorRef> fresh;
-      for (const auto& in : s.inputs())
-        if (!saved.count(in.get()) &&
-            std::find(fresh.begin(), fresh.end(), in) == fresh.end()) {
-          fresh.push_back(in);
-          // A program input is alive anyway: keeping it costs nothing.
-          if (definer.count(in.get())) added += saved_bytes(*in);
-        }
-      if (added > saved_bytes(*t)) continue;
-      saved.erase(t);
-      for (const auto& in : fresh) saved.insert(in.get());
-      changed = true;
+// Maximum flow (Dinic) on a small graph, for the rematerialization cut.
+class FlowGraph {
+public:
+  static constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
+  explicit FlowGraph(int n) : adj_(n), level_(n), next_(n) {}
+  void edge(int u, int v, int64_t cap) {
+    adj_[u].push_back(static_cast<int>(to_.size()));
+    to_.push_back(v);
+    cap_.push_back(cap);
+    adj_[v].push_back(static_cast<int>(to_.size()));
+    to_.push_back(u);
+    cap_.push_back(0);
+  }
+  void max_flow(int s, int t) {
+    while (bfs(s, t)) {
+      std::fill(next_.begin(), next_.end(), 0);
+      while (push(s, t, kInf) > 0) {
+      }
     }
   }
+  // After max_flow: the nodes the source still reaches in the residual graph.
+  std::vector<bool> source_side(int s) {
+    bfs(s, -1);
+    std::vector<bool> r(level_.size());
+    for (size_t i = 0; i < level_.size(); ++i) r[i] = level_[i] >= 0;
+    return r;
+  }
+
+private:
+  bool bfs(int s, int t) {
+    std::fill(level_.begin(), level_.end(), -1);
+    std::vector<int> q{s};
+    level_[s] = 0;
+    for (size_t h = 0; h < q.size(); ++h)
+      for (int e : adj_[q[h]])
+        if (cap_[e] > 0 && level_[to_[e]] < 0) {
+          level_[to_[e]] = level_[q[h]] + 1;
+          q.push_back(to_[e]);
+        }
+    return t >= 0 && level_[t] >= 0;
+  }
+  int64_t push(int u, int t, int64_t f) {
+    if (u == t) return f;
+    for (int& i = next_[u]; i < static_cast<int>(adj_[u].size()); ++i) {
+      int e = adj_[u][i];
+      int v = to_[e];
+      if (cap_[e] <= 0 || level_[v] != level_[u] + 1) continue;
+      int64_t d = push(v, t, std::min(f, cap_[e]));
+      if (d > 0) {
+        cap_[e] -= d;
+        cap_[e ^ 1] += d;
+        return d;
+      }
+    }
+    return 0;
+  }
+  std::vector<std::vector<int>> adj_;
+  std::vector<int> to_;
+  std::vector<int64_t> cap_;
+  std::vector<int> level_, next_;
+};
+
+// Rematerialization as a minimum cut (as torch's min-cut partitioner): each forward tensor is
+// an edge in -> out whose capacity is the memory saving it costs (nothing for a program input,
+// alive anyway); a recomputable symbol joins its inputs' out to its outputs' in, a symbol the
+// backward may not recompute is fed by the source, every tensor the backward reads feeds the
+// sink. The cheapest cut is the cheapest set of saved tensors from which the backward
+// recomputes the rest: a cross-entropy saves its bfloat16 logits and row statistics rather
+// than the float32 shifted logits, a GELU its input rather than its intermediates. (A tensor
+// costs 2 * bytes + 1: of two cuts of equal bytes, the one saving fewer tensors.)
+void remat(const Trace& joint, const std::unordered_map<const TensorProxy*, size_t>& definer,
+           const std::vector<TensorRef>& inputs, std::unordered_set<const TensorProxy*>& saved) {
+  std::unordered_map<const TensorProxy*, int> id;
+  std::vector<const TensorProxy*> tensors;
+  auto node = [&](const TensorProxy* t) {
+    auto [it, fresh] = id.emplace(t, static_cast<int>(tensors.size()));
+    if (fresh) tensors.push_back(t);
+    return it->second;
+  };
+  for (const auto& t : inputs) node(t.get());
+  std::vector<size_t> symbols;
+  for (const auto& [t, i] : definer) symbols.push_back(i);
+  std::sort(symbols.begin(), symbols.end());
+  symbols.erase(std::unique(symbols.begin(), symbols.end()), symbols.end());
+  for (size_t i : symbols) {
+    for (const auto& t : joint.bsyms[i].inputs()) node(t.get());
+    for (const auto& t : joint.bsyms[i].outputs()) node(t.get());
+  }
+  const int n = static_cast<int>(tensors.size());
+  const int src = 2 * n, sink = 2 * n + 1;
+  FlowGraph g(2 * n + 2);
+  std::unordered_set<const TensorProxy*> is_input;
+  for (const auto& t : inputs) is_input.insert(t.get());
+  for (int k = 0; k < n; ++k) {
+    const TensorProxy* t = tensors[k];
+    g.edge(2 * k, 2 * k + 1, is_input.count(t) ? 0 : 2 * saved_bytes(*t) + 1);
+    // Inputs, and tensors of other programs (none in a joint trace), come from the source.
+    if (!definer.count(t)) g.edge(src, 2 * k, FlowGraph::kInf);
+  }
+  for (size_t i : symbols) {
+    const BoundSymbol& b = joint.bsyms[i];
+    const bool re = recomputable(b);
+    for (const auto& o : b.outputs()) {
+      if (!re) {
+        g.edge(src, 2 * id.at(o.get()), FlowGraph::kInf);
+        continue;
+      }
+      for (const auto& x : b.inputs()) g.edge(2 * id.at(x.get()) + 1, 2 * id.at(o.get()), FlowGraph::kInf);
+    }
+  }
+  for (const TensorProxy* t : saved) g.edge(2 * node(t) + 1, sink, FlowGraph::kInf);
+  g.max_flow(src, sink);
+  const std::vector<bool> reached = g.source_side(src);
+  saved.clear();
+  for (int k = 0; k < n; ++k)
+    if (reached[2 * k] && !reached[2 * k + 1]) saved.insert(tensors[k]);
 }
 
 } // namespace
@@ -377,19 +456,20 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
       for (const auto& t : joint.bsyms[i].outputs()) definer[t.get()] = i;
   std::unordered_set<const TensorProxy*> is_input;
   for (const auto& t : flat.inputs) is_input.insert(t.get());
-  std::unordered_set<const TensorProxy*> saved;
-  auto read_from_forward = [&](const TensorRef& t) {
-    if (definer.count(t.get()) || is_input.count(t.get())) saved.insert(t.get());
-  };
-  for (size_t i = 0; i < in_fwd.size(); ++i)
-    if (!in_fwd[i])
-      for (const auto& t : joint.bsyms[i].inputs()) read_from_forward(t);
-  {
+  // Every tensor the backward's own symbols and its returned gradients read.
+  auto backward_reads = [&](const std::function<void(const TensorRef&)>& visit) {
+    for (size_t i = 0; i < in_fwd.size(); ++i)
+      if (!in_fwd[i])
+        for (const auto& t : joint.bsyms[i].inputs()) visit(t);
     std::vector<TensorRef> g;
     jret.at(1).collect_tensors(g);
-    for (const auto& t : g) read_from_forward(t);
-  }
-  remat(joint, definer, saved);
+    for (const auto& t : g) visit(t);
+  };
+  std::unordered_set<const TensorProxy*> saved;
+  backward_reads([&](const TensorRef& t) {
+    if (definer.count(t.get()) || is_input.count(t.get())) saved.insert(t.get());
+  });
+  remat(joint, definer, flat.inputs, saved);
 
   // The backward: its own symbols, and the forward's that recompute what it reads unsaved.
   std::vector<bool> in_bwd(in_fwd.size(), false);
@@ -404,14 +484,7 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
       stack.push_back(it->second);
     }
   };
-  for (size_t i = 0; i < in_fwd.size(); ++i)
-    if (!in_fwd[i])
-      for (const auto& t : joint.bsyms[i].inputs()) reach(t);
-  {
-    std::vector<TensorRef> g;
-    jret.at(1).collect_tensors(g);
-    for (const auto& t : g) reach(t);
-  }
+  backward_reads(reach);
   while (!stack.empty()) {
     size_t i = stack.back();
     stack.pop_back();
