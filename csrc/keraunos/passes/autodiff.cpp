@@ -108,22 +108,6 @@ std::vector<GradSplit::Leaf> classify_leaves(const Trace& t) {
   return leaves;
 }
 
-// Bytes of memory a saved tensor keeps alive (a broadcast keeps only its base's elements).
-int64_t saved_bytes(const TensorProxy& t) {
-  int64_t extent = 1;
-  for (size_t d = 0; d < t.shape.size(); ++d)
-    if (t.shape[d] > 1) extent += (t.shape[d] - 1) * std::abs(t.strides[d]);
-  return t.numel() == 0 ? 0 : extent * itemsize(t.dtype);
-}
-
-// Whether the backward may recompute a forward symbol instead of saving its output: an
-// elementwise op or an index remap (cheap in a fused kernel); never a reduction, a matmul, a
-// random draw or a torch call.
-bool recomputable(const BoundSymbol& b) {
-  const OpDef& d = b.def();
-  return d.is_prim() && !has_effect(b) && d.has(tags::E | tags::M) && !d.has(tags::T | tags::R);
-}
-
 // Maximum flow (Dinic) on a small graph, for the rematerialization cut.
 class FlowGraph {
 public:
@@ -219,7 +203,7 @@ void remat(const Trace& joint, const std::unordered_map<const TensorProxy*, size
   for (const auto& t : inputs) is_input.insert(t.get());
   for (int k = 0; k < n; ++k) {
     const TensorProxy* t = tensors[k];
-    g.edge(2 * k, 2 * k + 1, is_input.count(t) ? 0 : 2 * saved_bytes(*t) + 1);
+    g.edge(2 * k, 2 * k + 1, is_input.count(t) ? 0 : 2 * memory_bytes(*t) + 1);
     // Inputs, and tensors of other programs (none in a joint trace), come from the source.
     if (!definer.count(t)) g.edge(src, 2 * k, FlowGraph::kInf);
   }

@@ -18,8 +18,12 @@
 #include "keraunos/passes/partition.h"
 
 #include "keraunos/ir/error.h"
+#include "keraunos/ops/builder.h"
 
 #include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
 #include <numeric>
 #include <queue>
 #include <unordered_map>
@@ -54,6 +58,111 @@ struct Graph {
 int find(std::vector<int>& parent, int x) {
   while (parent[x] != x) x = parent[x] = parent[parent[x]];
   return x;
+}
+
+} // namespace
+
+namespace {
+
+// See partition(): for each fusion region G (in order), the values G reads from another region
+// P that P computes by recomputable symbols from P's inputs (or from values P materializes
+// anyway) are computed again at the start of G, under fresh names, when the tensors G then
+// reads in addition take fewer bytes than those values.
+void recompute_across_regions(const std::vector<BoundSymbol>& bs, int n,
+                              const std::unordered_map<int, std::vector<int>>& members,
+                              const std::vector<int>& order, const std::vector<bool>& can_fuse,
+                              const std::unordered_set<const TensorProxy*>& read_outside,
+                              const std::unordered_map<const TensorProxy*, int>& group_of,
+                              std::unordered_map<int, std::vector<BoundSymbol>>& group_syms,
+                              const Trace& trace, const PassContext& ctx) {
+  std::unordered_map<const TensorProxy*, int> def;
+  for (int i = 0; i < n; ++i)
+    for (const auto& t : bs[i].outputs()) def[t.get()] = i;
+  auto group = [&](int i) { return group_of.at(bs[i].outputs().at(0).get()); };
+  std::optional<Builder> bb;
+  for (int G : order) {
+    const auto& ms = members.at(G);
+    if (ms.size() < 2 || !can_fuse[ms[0]]) continue; // only regions recompute
+    std::unordered_set<const TensorProxy*> reads, made;
+    for (int m : ms) {
+      for (const auto& t : bs[m].outputs()) made.insert(t.get());
+    }
+    for (int m : ms)
+      for (const auto& t : bs[m].inputs())
+        if (!made.count(t.get())) reads.insert(t.get());
+    // Candidates, by the region that makes them.
+    std::map<int, std::vector<const TensorProxy*>> by_region;
+    for (const TensorProxy* t : reads) {
+      auto it = def.find(t);
+      if (it == def.end() || !recomputable(bs[it->second])) continue;
+      const int P = group(it->second);
+      if (P == G || members.at(P).size() < 2 || !can_fuse[it->second]) continue;
+      by_region[P].push_back(t);
+    }
+    for (auto& [P, cands] : by_region) {
+      std::sort(cands.begin(), cands.end(), [](auto* a, auto* b) { return a->name < b->name; });
+      std::set<int> cone;
+      std::unordered_set<const TensorProxy*> leaves;
+      std::vector<const TensorProxy*> taken;
+      for (const TensorProxy* c : cands) {
+        // The symbols that make c, back to P's inputs or to values P materializes anyway.
+        std::set<int> mine;
+        std::vector<int> stack{def.at(c)};
+        bool ok = true;
+        while (!stack.empty() && ok) {
+          int i = stack.back();
+          stack.pop_back();
+          if (!mine.insert(i).second) continue;
+          if (!bs[i].out.is_tensor()) {
+            ok = false;
+            continue;
+          }
+          for (const auto& x : bs[i].inputs()) {
+            auto it = def.find(x.get());
+            if (it == def.end() || group(it->second) != P) continue;
+            if (recomputable(bs[it->second])) {
+              stack.push_back(it->second);
+            } else if (!read_outside.count(x.get())) {
+              ok = false; // a reduction P keeps to itself
+            }
+          }
+        }
+        if (!ok) continue;
+        taken.push_back(c);
+        cone.insert(mine.begin(), mine.end());
+      }
+      if (taken.empty()) continue;
+      std::unordered_set<const TensorProxy*> cone_out;
+      for (int i : cone)
+        for (const auto& t : bs[i].outputs()) cone_out.insert(t.get());
+      int64_t added = 0, dropped = 0;
+      for (int i : cone)
+        for (const auto& x : bs[i].inputs())
+          if (!cone_out.count(x.get()) && !reads.count(x.get()) && leaves.insert(x.get()).second)
+            added += memory_bytes(*x);
+      for (const TensorProxy* c : taken) dropped += memory_bytes(*c);
+      if (added >= dropped) continue;
+      if (!bb) {
+        bb.emplace(ctx.builder);
+        bb->reserve_names(trace);
+      }
+      ProxyMap fresh;
+      std::vector<BoundSymbol> copies;
+      for (int i : cone) { // program order
+        BoundSymbol c = substitute(bs[i], fresh);
+        const TensorRef& o = bs[i].out.tensor();
+        auto t = bb->new_tensor(o->dtype, o->device, o->shape, o->strides);
+        fresh[o.get()] = t;
+        c.out = Arg(t);
+        copies.push_back(std::move(c));
+      }
+      auto& syms = group_syms[G];
+      for (auto& b : syms) b = substitute(b, fresh);
+      syms.insert(syms.begin(), std::make_move_iterator(copies.begin()),
+                  std::make_move_iterator(copies.end()));
+      for (const TensorProxy* x : leaves) reads.insert(x);
+    }
+  }
 }
 
 } // namespace
@@ -239,13 +348,54 @@ PassResult partition(const Trace& trace, const PassContext& ctx) {
     }
   }
 
+  // Each group's symbols, then recomputation across regions: a region that reads pointwise
+  // values another region computes from tensors it could read itself computes them again
+  // when that reads fewer bytes (a backward's norm or GELU recomputed from the forward's saved
+  // input would otherwise be materialized by one kernel, several full-size tensors, for the
+  // next to read back).
+  std::unordered_map<int, std::vector<BoundSymbol>> group_syms;
+  for (int g_id : order)
+    for (int m : members[g_id]) group_syms[g_id].push_back(bs[m]);
+  recompute_across_regions(bs, n, members, order, can_fuse, read_outside, group_of, group_syms, trace, ctx);
+
+  // Which tensors are read outside their group now, and what each group still computes.
+  std::unordered_map<const TensorProxy*, int> made_in;
+  for (int g_id : order)
+    for (const auto& b : group_syms[g_id])
+      for (const auto& t : b.outputs()) made_in[t.get()] = g_id;
+  std::unordered_set<const TensorProxy*> outside;
+  auto note_reads = [&](const BoundSymbol& b, int gi) {
+    for (const auto& t : b.inputs()) {
+      auto it = made_in.find(t.get());
+      if (it != made_in.end() && it->second != gi) outside.insert(t.get());
+    }
+  };
+  for (int g_id : order)
+    for (const auto& b : group_syms[g_id]) note_reads(b, g_id);
+  for (size_t i = body; i < bs.size(); ++i) note_reads(bs[i], -1);
+
   PassResult r;
   r.trace.inputs = trace.inputs;
   int index = 0;
   for (int g_id : order) {
-    const auto& ms = members[g_id];
-    if (ms.size() == 1) {
-      r.trace.bsyms.push_back(bs[ms[0]]);
+    auto& syms = group_syms[g_id];
+    // What the group no longer needs (values now recomputed by their readers).
+    {
+      std::unordered_set<const TensorProxy*> live(outside);
+      std::vector<BoundSymbol> kept;
+      for (size_t k = syms.size(); k-- > 0;) {
+        bool needed = has_effect(syms[k]) || syms.size() == 1;
+        for (const auto& t : syms[k].outputs()) needed = needed || live.count(t.get());
+        if (!needed) continue;
+        for (const auto& t : syms[k].inputs()) live.insert(t.get());
+        kept.push_back(std::move(syms[k]));
+      }
+      std::reverse(kept.begin(), kept.end());
+      syms = std::move(kept);
+    }
+    if (syms.empty()) continue;
+    if (syms.size() == 1) {
+      r.trace.bsyms.push_back(std::move(syms[0]));
       continue;
     }
     BoundSymbol region;
@@ -253,18 +403,18 @@ PassResult partition(const Trace& trace, const PassContext& ctx) {
     std::unordered_set<const TensorProxy*> inside;
     Arg::List ins, outs;
     std::unordered_set<const TensorProxy*> seen_in;
-    for (int m : ms) {
-      for (const auto& t : bs[m].inputs())
+    for (auto& m : syms) {
+      for (const auto& t : m.inputs())
         if (!inside.count(t.get()) && seen_in.insert(t.get()).second) ins.emplace_back(t);
-      for (const auto& t : bs[m].outputs()) {
+      for (const auto& t : m.outputs()) {
         inside.insert(t.get());
-        if (read_outside.count(t.get())) outs.emplace_back(t);
+        if (outside.count(t.get())) outs.emplace_back(t);
       }
-      region.subsymbols.push_back(bs[m]);
     }
+    region.loc = syms[0].loc;
+    region.subsymbols = std::move(syms);
     region.args = {Arg(std::move(ins)), Arg(int64_t{index++})};
     region.out = Arg(std::move(outs));
-    region.loc = bs[ms[0]].loc;
     r.trace.bsyms.push_back(std::move(region));
   }
   for (size_t i = body; i < bs.size(); ++i) r.trace.bsyms.push_back(bs[i]);

@@ -1,5 +1,7 @@
 #include "keraunos/passes/pass.h"
 
+#include <cstdlib>
+
 namespace keraunos {
 
 Arg substitute(const Arg& a, const ProxyMap& m) {
@@ -33,6 +35,18 @@ bool writes_memory(const BoundSymbol& b) {
   for (const auto& s : b.subsymbols)
     if (writes_memory(s)) return true;
   return false;
+}
+
+int64_t memory_bytes(const TensorProxy& t) {
+  int64_t extent = 1;
+  for (size_t d = 0; d < t.shape.size(); ++d)
+    if (t.shape[d] > 1) extent += (t.shape[d] - 1) * std::abs(t.strides[d]);
+  return t.numel() == 0 ? 0 : extent * itemsize(t.dtype);
+}
+
+bool recomputable(const BoundSymbol& b) {
+  const OpDef& d = b.def();
+  return d.is_prim() && !has_effect(b) && d.has(tags::E | tags::M) && !d.has(tags::T | tags::R);
 }
 
 bool has_effect(const BoundSymbol& b) {

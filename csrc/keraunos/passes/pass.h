@@ -29,6 +29,12 @@ BoundSymbol substitute(const BoundSymbol& b, const ProxyMap& m);
 // Whether `b` writes memory: an in-place op, or an op whose decomposition writes (batch_norm's
 // running statistics).
 bool writes_memory(const BoundSymbol& b);
+// Bytes of memory a tensor keeps alive (a broadcast keeps only its base's elements).
+int64_t memory_bytes(const TensorProxy& t);
+// Whether a symbol is cheap to compute again where its value is needed instead of keeping it:
+// an elementwise prim or an index remap; never a reduction, a matmul, a random draw, a torch
+// call or an effect.
+bool recomputable(const BoundSymbol& b);
 
 // Whether a symbol must stay even when nothing reads its outputs (writes memory, draws
 // random numbers, or returns).
