@@ -1,11 +1,11 @@
-"""Where a training step's time goes: benchmarks/train.py's llama case (forward, cross-entropy,
-backward) under torch.profiler for eager, torch.compile and keraunos.jit: each kernel's device
+"""Where a training step's time goes: benchmarks/train.py's llama (or mlp) case (forward,
+loss, backward) under torch.profiler for eager, torch.compile and keraunos.jit: each kernel's device
 time per step, the sum of kernel time per step against the elapsed time per step, and for
 keraunos the tensors its forward saves for the backward (their bytes) and both programs'
 sources (written to --dump).
 
   python scripts/dev/profile_train.py [--iters 10] [--top 16] [--quick] [--device cpu]
-                                      [--dump train_programs.txt]
+                                      [--dump train_programs.txt] [--case llama|mlp]
 """
 
 import argparse
@@ -61,13 +61,14 @@ def main():
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a smoke test)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dump", default=None, help="write keraunos' traces here")
+    ap.add_argument("--case", default="llama", choices=["llama", "mlp"])
     a = ap.parse_args()
     dev = torch.device(a.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    fn, params, args, label = train.llama_case(dev, dtype, a.quick)
+    fn, params, args, label = getattr(train, f"{a.case}_case")(dev, dtype, a.quick)
     jf = keraunos.jit(fn)
     runs = [("eager", fn), ("torch.compile", torch.compile(fn, dynamic=False)), ("keraunos", jf)]
-    print(f"# training step, llama case ({label}), {dev.type}, {dtype}")
+    print(f"# training step, {a.case} case ({label}), {dev.type}, {dtype}")
     for name, run in runs:
         elapsed, kernels = profile(run, params, args, a.iters, dev)
         busy = sum(t for t, _ in kernels.values())

@@ -209,6 +209,13 @@ void remat(const Trace& joint, const std::unordered_map<const TensorProxy*, size
   }
   for (size_t i : symbols) {
     const BoundSymbol& b = joint.bsyms[i];
+    // The backward of amax/amin compares the input with the saved result, and that of
+    // maximum/minimum compares the two inputs: a value recomputed by another kernel may differ
+    // in its last bit (a vectorized cos against a scalar one) and find no maximal element
+    // (0/0: NaN). Such inputs are saved, never recomputed.
+    if (b.op == OpId::prim_amax || b.op == OpId::prim_amin || b.op == OpId::prim_maximum ||
+        b.op == OpId::prim_minimum)
+      for (const auto& x : b.inputs()) g.edge(src, 2 * id.at(x.get()), FlowGraph::kInf);
     const bool re = recomputable(b);
     for (const auto& o : b.outputs()) {
       if (!re) {
