@@ -207,15 +207,24 @@ void remat(const Trace& joint, const std::unordered_map<const TensorProxy*, size
     // Inputs, and tensors of other programs (none in a joint trace), come from the source.
     if (!definer.count(t)) g.edge(src, 2 * k, FlowGraph::kInf);
   }
+  // A forward value that a backward comparison reads is saved, never recomputed: amax's rule
+  // compares its input with the saved maximum, maximum's its two inputs, and a value
+  // recomputed by another kernel may differ in its last bit (a vectorized cos against a scalar
+  // one): no element equal to the maximum, 0/0, NaN. (A detached max shift has no rule, so
+  // softmax's input is still recomputed from the logits.)
+  {
+    std::unordered_set<size_t> fwd_syms(symbols.begin(), symbols.end());
+    for (size_t i = 0; i + 1 < joint.bsyms.size(); ++i) {
+      const BoundSymbol& b = joint.bsyms[i];
+      const bool compares = b.op == OpId::prim_eq || b.op == OpId::prim_ne || b.op == OpId::prim_lt ||
+                            b.op == OpId::prim_le || b.op == OpId::prim_gt || b.op == OpId::prim_ge;
+      if (!compares || fwd_syms.count(i)) continue;
+      for (const auto& x : b.inputs())
+        if (definer.count(x.get())) g.edge(src, 2 * id.at(x.get()), FlowGraph::kInf);
+    }
+  }
   for (size_t i : symbols) {
     const BoundSymbol& b = joint.bsyms[i];
-    // The backward of amax/amin compares the input with the saved result, and that of
-    // maximum/minimum compares the two inputs: a value recomputed by another kernel may differ
-    // in its last bit (a vectorized cos against a scalar one) and find no maximal element
-    // (0/0: NaN). Such inputs are saved, never recomputed.
-    if (b.op == OpId::prim_amax || b.op == OpId::prim_amin || b.op == OpId::prim_maximum ||
-        b.op == OpId::prim_minimum)
-      for (const auto& x : b.inputs()) g.edge(src, 2 * id.at(x.get()), FlowGraph::kInf);
     const bool re = recomputable(b);
     for (const auto& o : b.outputs()) {
       if (!re) {
