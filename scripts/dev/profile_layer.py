@@ -73,18 +73,23 @@ def main():
     ]
     for name, run in runs:
         elapsed, kernels = profile(run, args, a.iters, dev)
-        busy = sum(t for t, _ in kernels.values())
-        launches = sum(c for _, c in kernels.values())
-        print(
-            f"\n## {name}: {elapsed:.1f} µs per call elapsed, {busy:.1f} µs of kernels, "
-            f"{launches:.0f} kernels per call"
-        )
-        ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
-        for n, (t, c) in ranked[: a.top]:
-            print(f"  {t:8.1f} µs  ×{c:g}  {n[:110]}")
-        rest = sum(t for _, (t, _) in ranked[a.top :])
-        if rest:
-            print(f"  {rest:8.1f} µs  (the other {len(ranked) - a.top} kernels)")
+        print_kernels(name, elapsed, kernels, a.top, "call")
+
+
+def print_kernels(name, elapsed, kernels, top, unit):
+    """One competitor's profile: elapsed and kernel time per `unit`, the `top` kernels."""
+    busy = sum(t for t, _ in kernels.values())
+    launches = sum(c for _, c in kernels.values())
+    print(
+        f"\n## {name}: {elapsed:.1f} µs per {unit} elapsed, {busy:.1f} µs of kernels, "
+        f"{launches:.0f} kernels per {unit}"
+    )
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
+    for n, (t, c) in ranked[:top]:
+        print(f"  {t:8.1f} µs  ×{c:g}  {n[:110]}")
+    rest = sum(t for _, (t, _) in ranked[top:])
+    if rest:
+        print(f"  {rest:8.1f} µs  (the other {len(ranked) - top} kernels)")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_util as bu  # noqa: E402
 import torch  # noqa: E402
 import train  # noqa: E402
+from profile_layer import print_kernels  # noqa: E402
 
 import keraunos  # noqa: E402
 
@@ -71,18 +72,7 @@ def main():
     print(f"# training step, {a.case} case ({label}), {dev.type}, {dtype}")
     for name, run in runs:
         elapsed, kernels = profile(run, params, args, a.iters, dev)
-        busy = sum(t for t, _ in kernels.values())
-        launches = sum(c for _, c in kernels.values())
-        print(
-            f"\n## {name}: {elapsed:.1f} µs per step elapsed, {busy:.1f} µs of kernels, "
-            f"{launches:.0f} kernels per step"
-        )
-        ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
-        for n, (t, c) in ranked[: a.top]:
-            print(f"  {t:8.1f} µs  ×{c:g}  {n[:110]}")
-        rest = sum(t for _, (t, _) in ranked[a.top :])
-        if rest:
-            print(f"  {rest:8.1f} µs  (the other {len(ranked) - a.top} kernels)")
+        print_kernels(name, elapsed, kernels, a.top, "step")
     loss = jf(*args)
     saved = loss.grad_fn.saved_tensors if loss.grad_fn is not None else ()
     total = sum(t.numel() * t.element_size() for t in saved if t is not None)

@@ -68,25 +68,22 @@ namespace {
 // P that P computes by recomputable symbols from P's inputs (or from values P materializes
 // anyway) are computed again at the start of G, under fresh names, when the tensors G then
 // reads in addition take fewer bytes than those values.
-void recompute_across_regions(const std::vector<BoundSymbol>& bs, int n,
+void recompute_across_regions(const std::vector<BoundSymbol>& bs,
+                              const std::unordered_map<const TensorProxy*, int>& def,
                               const std::unordered_map<int, std::vector<int>>& members,
                               const std::vector<int>& order, const std::vector<bool>& can_fuse,
                               const std::unordered_set<const TensorProxy*>& read_outside,
                               const std::unordered_map<const TensorProxy*, int>& group_of,
                               std::unordered_map<int, std::vector<BoundSymbol>>& group_syms,
                               const Trace& trace, const PassContext& ctx) {
-  std::unordered_map<const TensorProxy*, int> def;
-  for (int i = 0; i < n; ++i)
-    for (const auto& t : bs[i].outputs()) def[t.get()] = i;
   auto group = [&](int i) { return group_of.at(bs[i].outputs().at(0).get()); };
   std::optional<Builder> bb;
   for (int G : order) {
     const auto& ms = members.at(G);
     if (ms.size() < 2 || !can_fuse[ms[0]]) continue; // only regions recompute
     std::unordered_set<const TensorProxy*> reads, made;
-    for (int m : ms) {
+    for (int m : ms)
       for (const auto& t : bs[m].outputs()) made.insert(t.get());
-    }
     for (int m : ms)
       for (const auto& t : bs[m].inputs())
         if (!made.count(t.get())) reads.insert(t.get());
@@ -356,7 +353,7 @@ PassResult partition(const Trace& trace, const PassContext& ctx) {
   std::unordered_map<int, std::vector<BoundSymbol>> group_syms;
   for (int g_id : order)
     for (int m : members[g_id]) group_syms[g_id].push_back(bs[m]);
-  recompute_across_regions(bs, n, members, order, can_fuse, read_outside, group_of, group_syms, trace, ctx);
+  recompute_across_regions(bs, producer, members, order, can_fuse, read_outside, group_of, group_syms, trace, ctx);
 
   // Which tensors are read outside their group now, and what each group still computes.
   std::unordered_map<const TensorProxy*, int> made_in;
