@@ -110,8 +110,10 @@ def _storage_extent(p) -> int:
     return p.storage_offset + 1 + sum((n - 1) * st for n, st in zip(p.shape, p.strides))
 
 
-def _fakes(proxies):
-    """Fake tensors with the proxies' metadata; proxies of one storage share a fake storage."""
+def _fakes(proxies, requires_grad=()):
+    """Fake tensors with the proxies' metadata; proxies of one storage share a fake storage
+    (the float storage of a proxy whose index is in requires_grad is a leaf that requires
+    grad)."""
     groups: dict[tuple, int] = {}
     for p in proxies:
         key = (p.storage_id, p.dtype) if p.storage_id >= 0 else (id(p), p.dtype)
@@ -120,6 +122,11 @@ def _fakes(proxies):
 
     bases = {}
     fakes = []
+    grad_keys = {
+        (p.storage_id, p.dtype) if p.storage_id >= 0 else (id(p), p.dtype)
+        for i, p in enumerate(proxies)
+        if i in requires_grad
+    }
     for p in proxies:
         key = (p.storage_id, p.dtype) if p.storage_id >= 0 else (id(p), p.dtype)
         base = bases.get(key)
@@ -127,6 +134,8 @@ def _fakes(proxies):
             base = torch.empty(
                 groups[key], dtype=KR_TO_TORCH[p.dtype], device=to_torch_device(p.device)
             )
+            if key in grad_keys and base.is_floating_point():
+                base.requires_grad_(True)
             bases[key] = base
         fakes.append(base.as_strided(list(p.shape), list(p.strides), p.storage_offset))
     return fakes
@@ -416,9 +425,32 @@ def _call(tr, func, args, kwargs, autocast, captured, modes, random, enable_grad
         enable_grad,
     )
     op = "torch_fallback_random" if watch.random or random else "torch_fallback"
-    res = record(op, name, (fid, name, proxies, meta), {}) if meta else ()
+    call_proxies = list(proxies)
+    probe = None
+    if fresh_meta and tr.needs_grad and torch.is_grad_enabled():
+        written = {k for i in mutated for k in seen_storage[storages[i]]}
+        # Program inputs that do not require grad do not here either (native_batch_norm's
+        # running statistics cannot); values computed in the program may.
+        grad_args = [
+            i
+            for i, px in enumerate(proxies)
+            if i not in written and (id(px) not in tr.input_index or px._p.requires_grad)
+        ]
+        probe = _grad_probe(mode, cps, grad_args, leaves, tensor_pos, spec, func, captured, n_args)
+    if probe is not None:
+        # Arguments eager's backward gives no gradient (hinge_embedding_loss's target) are
+        # passed detached: their .grad stays None, as in eager.
+        for i in probe[1]:
+            call_proxies[i] = record("detach", "torch.Tensor.detach", (proxies[i],), {})
+    res = record(op, name, (fid, name, call_proxies, meta), {}) if meta else ()
     res = list(res)
     fresh_out = res[: len(fresh_meta)]
+    if probe is not None:
+        # Outputs that eager never makes require grad (native_layer_norm's mean and rstd)
+        # are detached: autograd must not see a gradient path through them.
+        for (kind, v), o, d in zip(kinds, out_leaves, probe[0]):
+            if kind == "fresh" and not d and o.is_floating_point():
+                fresh_out[v] = record("detach", "torch.Tensor.detach", (fresh_out[v],), {})
     for i, new in zip(mutated, res[len(fresh_meta) :]):
         record("copy_", name, (proxies[i], new), {})
 
@@ -443,6 +475,48 @@ def _call(tr, func, args, kwargs, autocast, captured, modes, random, enable_grad
                 )
             )
     return pytree.tree_unflatten(result, out_spec)
+
+
+def _grad_probe(mode, cps, grad_args, leaves, tensor_pos, spec, func, captured, n_args):
+    """Runs the call on fake tensors whose float arguments grad_args (indices into cps) require
+    grad: (per output leaf, whether eager makes it require grad; the indices of grad_args that
+    eager's backward gives no gradient), or None when that cannot be learned."""
+    log_level = _fake_log.level
+    _fake_log.setLevel(logging.CRITICAL)
+    try:
+        with mode:
+            fakes = _fakes(cps, requires_grad=set(grad_args))
+            fake_leaves = list(leaves)
+            for i, f in zip(tensor_pos, fakes):
+                fake_leaves[i] = f
+            fa, fk = pytree.tree_unflatten(fake_leaves, spec)
+            with torch.enable_grad(), _cells_holding(captured, fakes[n_args:]):
+                out = func(*fa, **fk)
+                outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+                flags = [
+                    isinstance(o, torch.Tensor) and o.requires_grad for o in pytree.tree_leaves(out)
+                ]
+                diff = [o for o in outs if o.requires_grad]
+                wrt = [i for i in grad_args if fakes[i].requires_grad]
+                unused = []
+                if diff and wrt:
+                    gs = torch.autograd.grad(
+                        diff,
+                        [fakes[i] for i in wrt],
+                        [torch.ones_like(o) for o in diff],
+                        allow_unused=True,
+                    )
+                    unused = [i for i, g in zip(wrt, gs) if g is None]
+                    if len(unused) == len(wrt):
+                        # No argument gets a gradient, yet the outputs require grad (norm with
+                        # p=0): the arguments stay attached (their gradient is zeros here,
+                        # None in eager).
+                        unused = []
+    except Exception:
+        return None
+    finally:
+        _fake_log.setLevel(log_level)
+    return flags, unused
 
 
 def _inplace_view(tr, name, px, meta):

@@ -76,6 +76,10 @@ CASES = {
         lambda a: F.gelu(a) + F.silu(a) + F.gelu(a, approximate="tanh"),
         lambda: (r(4, 8),),
     ),
+    "matmul_1d": (
+        lambda a, v, w: ((a @ v).sum() + (v @ w).sum(), v @ v, torch.mv(a, v)),
+        lambda: (r(3, 4), r(4), r(2, 4, 5)),
+    ),
     "softmax": (lambda a: F.softmax(a, -1) * torch.arange(8.0, device=DEV), lambda: (r(3, 8),)),
     "log_softmax": (lambda a: F.log_softmax(a, 1), lambda: (r(3, 8),)),
     "layer_norm": (lambda a, w, b: F.layer_norm(a, (8,), w, b), lambda: (r(3, 8), r(8), r(8))),

@@ -402,7 +402,8 @@ Arg::List grad_cumsum(Builder& b, const GR& r) {
 }
 
 // matmul (torch.matmul's batching): a @ b's gradients are g @ b^T and a^T @ g, summed over
-// broadcast batch dims. One-dimensional operands are refused (GradEntry) until measured.
+// broadcast batch dims. A one-dimensional operand is a row (left) or a column (right) matrix,
+// and the gradient gets the matching unit dimension.
 TensorRef transpose_last(Builder& b, const TensorRef& t) {
   Shape perm;
   for (int64_t d = 0; d < t->ndim(); ++d) perm.push_back(d);
@@ -410,24 +411,35 @@ TensorRef transpose_last(Builder& b, const TensorRef& t) {
   return P(b, OpId::prim_permute, {Arg(t), Arg::int_list(perm)});
 }
 Arg::List grad_matmul(Builder& b, const GR& r) {
-  const TensorRef& x = r.bsym.args[0].tensor();
-  const TensorRef& w = r.bsym.args[1].tensor();
-  KR_CHECK(x->ndim() >= 2 && w->ndim() >= 2, NotImplemented,
-           "keraunos: the backward of a matmul with a 1-D operand is not supported yet");
-  const TensorRef& g = r.grad;
+  const TensorRef& x0 = r.bsym.args[0].tensor();
+  const TensorRef& w0 = r.bsym.args[1].tensor();
+  const bool xv = x0->ndim() == 1, wv = w0->ndim() == 1;
+  const TensorRef x = xv ? reshape(b, x0, {1, x0->shape[0]}) : x0;
+  const TensorRef w = wv ? reshape(b, w0, {w0->shape[0], 1}) : w0;
+  TensorRef g = r.grad;
+  if (xv || wv) {
+    Shape gs = g->shape;
+    if (wv) gs.push_back(1);
+    if (xv) gs.insert(gs.end() - 1, 1);
+    g = reshape(b, g, gs);
+  }
   Arg::List res(2);
-  if (r.needs[0])
-    res[0] = Arg(sum_to(b, P(b, OpId::prim_matmul, {Arg(g), Arg(transpose_last(b, w))}), x->shape));
+  if (r.needs[0]) {
+    auto gx = sum_to(b, P(b, OpId::prim_matmul, {Arg(g), Arg(transpose_last(b, w))}), x->shape);
+    res[0] = Arg(xv ? reshape(b, gx, x0->shape) : gx);
+  }
   if (r.needs[1]) {
+    TensorRef gw;
     if (w->ndim() == 2 && x->ndim() > 2) {
       // A batch of rows times one matrix (linear): one product over all rows.
       const int64_t k = x->shape.back(), n = g->shape.back();
       auto x2 = reshape(b, x, {numel(x->shape) / k, k});
       auto g2 = reshape(b, g, {numel(g->shape) / n, n});
-      res[1] = Arg(P(b, OpId::prim_matmul, {Arg(transpose_last(b, x2)), Arg(g2)}));
+      gw = P(b, OpId::prim_matmul, {Arg(transpose_last(b, x2)), Arg(g2)});
     } else {
-      res[1] = Arg(sum_to(b, P(b, OpId::prim_matmul, {Arg(transpose_last(b, x)), Arg(g)}), w->shape));
+      gw = sum_to(b, P(b, OpId::prim_matmul, {Arg(transpose_last(b, x)), Arg(g)}), w->shape);
     }
+    res[1] = Arg(wv ? reshape(b, gw, w0->shape) : gw);
   }
   return res;
 }
