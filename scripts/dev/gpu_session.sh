@@ -3,7 +3,8 @@
 # GPU checks and benchmarks in the foreground while CPU fuzz workers use the idle cores.
 # Logs go to $OUT. Usage: scripts/dev/gpu_session.sh [steps...] (default: all)
 #   env FUZZ_PER_WORKER (programs per worker), FUZZ_WORKERS (per fusion type), FUZZ_SEED0,
-#   FUZZ_SECONDS (a worker stops there and reports the programs it ran)
+#   FUZZ_SECONDS (a worker stops there and reports the programs it ran); the fuzzgrad step:
+#   GRAD_FUZZ_WORKERS, GRAD_FUZZ_SEED0, GRAD_FUZZ_SECONDS
 set -u
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
@@ -27,6 +28,20 @@ for step in $STEPS; do
         (cd /tmp && KERAUNOS_CACHE_DIR=/tmp/kr-fuzz-$ft-$i timeout 560 python3 -m keraunos.fuzz \
           --programs "$n" --seed $((s0 + i * n)) --fusion-type $ft --max-lines 12 --seconds ${FUZZ_SECONDS:-520} \
           >"$OUT/fuzz-cpu-$ft-$i.log" 2>&1) &
+      done
+    done
+    ;;
+  fuzzgrad)
+    # The fuzzer with gradients on the CPU (inputs require grad; every input's gradient
+    # compared): GRAD_FUZZ_WORKERS per fusion type, from GRAD_FUZZ_SEED0, for GRAD_FUZZ_SECONDS.
+    stamp "cpu grad fuzz workers"
+    w=${GRAD_FUZZ_WORKERS:-7}; s0=${GRAD_FUZZ_SEED0:-3000000}; n=100000
+    for ft in consecutive dataflow; do
+      off=0; [ $ft = dataflow ] && off=5000000
+      for i in $(seq 0 $((w - 1))); do
+        (cd /tmp && KERAUNOS_CACHE_DIR=/tmp/kr-gfuzz-$ft-$i timeout $(( ${GRAD_FUZZ_SECONDS:-440} + 60 )) python3 -m keraunos.fuzz \
+          --grad --programs $n --seed $((s0 + off + i * n)) --fusion-type $ft --max-lines 12 \
+          --seconds ${GRAD_FUZZ_SECONDS:-440} >"$OUT/fuzz-grad-$ft-$i.log" 2>&1) &
       done
     done
     ;;

@@ -427,3 +427,25 @@ def test_extremum_inputs_are_saved_not_recomputed():
         out.sum().backward()
         torch.testing.assert_close(out, ref)
         torch.testing.assert_close(xk.grad, xe.grad)
+
+
+def test_cross_entropy_backward_is_one_pass_without_a_row_reduction():
+    """The log-softmax backward's row sum of the one-hot gradient (gather's backward,
+    where(index == iota, g, 0)) is the picked value itself (ops/backward.cpp, onehot_sum): the
+    backward has no reduction left, and targets equal to ignore_index get no gradient."""
+
+    def f(x, t):
+        return F.cross_entropy(x, t)
+
+    x = r(6, 10)
+    t = idx(10, 6)
+    t[2] = -100
+    xe = x.detach().clone().requires_grad_()
+    jf = keraunos.jit(f)
+    jf(x, t).backward()
+    f(xe, t).backward()
+    torch.testing.assert_close(x.grad, xe.grad)
+    assert keraunos.compile_stats(jf)["grad_fallback"] is None
+    autodiff = next(t for t in keraunos.last_traces(jf) if t.stage == "autodiff")
+    backward = str(autodiff).split("prims.iota", 1)[1]
+    assert "prims.sum" not in backward and "prims.amax" not in backward, backward

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 
 namespace keraunos {
 
@@ -39,8 +40,118 @@ TensorRef reshape(Builder& b, const TensorRef& t, const Shape& shape) {
 TensorRef bcast(Builder& b, const TensorRef& t, const Shape& shape, const Shape& kept) {
   return P(b, OpId::prim_broadcast_in_dim, {Arg(t), Arg::int_list(shape), Arg::int_list(kept)});
 }
+// One-hot sums. A gradient that is nonzero at one position along a dim d (gather's backward,
+// where(index == iota, g, 0), then scaled by values constant along d) sums over d to the value
+// at that position: the reduction becomes pointwise work on the reduced shape (the
+// cross-entropy backward's row sum of its one-hot gradient). Each function matches with
+// `emit` false (returning the tensor itself as "yes") and builds with it true.
+//
+// `t` constant along d (a broadcast that maps no dim of size > 1 to d), as a tensor of the
+// reduced shape `red`; null when it is not.
+TensorRef along_free(Builder& b, const TensorRef& t, int64_t d, const Shape& red, bool emit) {
+  const BoundSymbol* m = b.producer(t);
+  if (!m || m->op != OpId::prim_broadcast_in_dim) return nullptr;
+  // (Copies: emitting a symbol may move the scope that `m` points into.)
+  const TensorRef src = m->args[0].tensor();
+  const Shape bdims = m->args[2].int_list();
+  Shape s2, bd2;
+  for (size_t i = 0; i < bdims.size(); ++i) {
+    if (bdims[i] == d) {
+      if (src->shape[i] != 1) return nullptr;
+      continue;
+    }
+    s2.push_back(src->shape[i]);
+    bd2.push_back(bdims[i] > d ? bdims[i] - 1 : bdims[i]);
+  }
+  if (!emit) return t;
+  TensorRef r = src->shape == s2 ? src : P(b, OpId::prim_reshape, {Arg(src), Arg::int_list(s2)});
+  bool identity = s2 == red;
+  for (size_t i = 0; identity && i < bd2.size(); ++i) identity = bd2[i] == static_cast<int64_t>(i);
+  return identity ? r : bcast(b, r, red, bd2);
+}
+// iota(n) broadcast along d (start 0, step 1, n = t's size along d).
+bool iota_along(Builder& b, const TensorRef& t, int64_t d) {
+  const BoundSymbol* m = b.producer(t);
+  if (!m || m->op != OpId::prim_broadcast_in_dim || m->args[2].int_list() != Shape{d}) return false;
+  const BoundSymbol* i = b.producer(m->args[0].tensor());
+  return i && i->op == OpId::prim_iota && i->args[0].as_int() == t->shape[d] &&
+         i->args[1].as_int() == 0 && i->args[2].as_int() == 1;
+}
+TensorRef onehot_sum(Builder& b, const TensorRef& t, int64_t d, const Shape& red, bool emit) {
+  const BoundSymbol* m = b.producer(t);
+  if (!m || !m->out.is_tensor() || m->out.tensor() != t) return nullptr;
+  // Copies: emitting a symbol may move the scope that `m` points into.
+  const Arg::List a = m->args;
+  const OpId op = m->op;
+  auto inner = [&](size_t i) -> TensorRef {
+    return a[i].is_tensor() ? onehot_sum(b, a[i].tensor(), d, red, emit) : nullptr;
+  };
+  auto free_arg = [&](size_t i) -> std::optional<Arg> {
+    if (a[i].is_number()) return a[i];
+    if (!a[i].is_tensor()) return std::nullopt;
+    TensorRef f = along_free(b, a[i].tensor(), d, red, emit);
+    if (!f) return std::nullopt;
+    return Arg(f);
+  };
+  switch (op) {
+  case OpId::prim_where: {
+    if (!a[2].is_number() || a[2].as_double() != 0.0 || !a[1].is_tensor() || !a[0].is_tensor())
+      return nullptr;
+    const BoundSymbol* c = b.producer(a[0].tensor());
+    if (!c || c->op != OpId::prim_eq || !c->args[0].is_tensor() || !c->args[1].is_tensor())
+      return nullptr;
+    const TensorRef p = c->args[0].tensor();
+    const TensorRef q = c->args[1].tensor();
+    const TensorRef idx = iota_along(b, q, d) ? p : iota_along(b, p, d) ? q : nullptr;
+    if (!idx || !is_int(idx->dtype)) return nullptr;
+    TensorRef idx_r = along_free(b, idx, d, red, emit);
+    TensorRef v = along_free(b, a[1].tensor(), d, red, emit);
+    if (!idx_r || !v) return nullptr;
+    if (!emit) return t;
+    // The picked value where the index is in [0, n) (an index outside picks nothing).
+    auto in_range = P(b, OpId::prim_logical_and,
+                      {Arg(P(b, OpId::prim_ge, {Arg(idx_r), Arg(int64_t{0})})),
+                       Arg(P(b, OpId::prim_lt, {Arg(idx_r), Arg(t->shape[d])}))});
+    return where(b, Arg(in_range), Arg(v), Arg(0.0));
+  }
+  case OpId::prim_neg: {
+    TensorRef x = inner(0);
+    return x && emit ? neg(b, Arg(x)) : x;
+  }
+  case OpId::prim_convert_element_type: {
+    TensorRef x = inner(0);
+    return x && emit ? P(b, OpId::prim_convert_element_type, {Arg(x), a[1]}) : x;
+  }
+  case OpId::prim_mul:
+  case OpId::prim_div: {
+    // (one-hot) * c, c * (one-hot), (one-hot) / c, for c constant along d.
+    for (size_t i : {size_t{0}, size_t{1}}) {
+      if (op == OpId::prim_div && i == 1) break;
+      if (!a[i].is_tensor() || !onehot_sum(b, a[i].tensor(), d, red, false)) continue;
+      if (!free_arg(1 - i)) continue;
+      if (!emit) return t;
+      TensorRef x = inner(i);
+      Arg f = *free_arg(1 - i);
+      if (op == OpId::prim_div) return div(b, Arg(x), f);
+      return i == 0 ? mul(b, Arg(x), f) : mul(b, f, Arg(x));
+    }
+    return nullptr;
+  }
+  default:
+    return nullptr;
+  }
+}
 TensorRef sum(Builder& b, const TensorRef& t, const Shape& dims) {
   if (dims.empty()) return t;
+  if (dims.size() == 1 && is_float(t->dtype) && t->shape[dims[0]] > 0) {
+    Shape red;
+    for (int64_t i = 0; i < t->ndim(); ++i)
+      if (i != dims[0]) red.push_back(t->shape[i]);
+    if (onehot_sum(b, t, dims[0], red, false)) {
+      TensorRef r = onehot_sum(b, t, dims[0], red, true);
+      if (r->shape == red && r->dtype == t->dtype) return r;
+    }
+  }
   return P(b, OpId::prim_sum, {Arg(t), Arg::int_list(dims)});
 }
 // `t` summed down to `shape` (torch's sum_to_size): leading dims and dims broadcast from 1.
@@ -219,8 +330,9 @@ Arg::List grad_permute(Builder& b, const GR& r) {
   // backward makes it, not as a transposed view to copy.
   const BoundSymbol* made = b.producer(r.grad);
   if (dims == Shape{1, 0} && made && made->op == OpId::prim_matmul) {
-    const TensorRef& a = made->args[0].tensor();
-    const TensorRef& c = made->args[1].tensor();
+    // Copies: emitting a symbol may move the scope that `made` points into.
+    const TensorRef a = made->args[0].tensor();
+    const TensorRef c = made->args[1].tensor();
     if (a->ndim() == 2 && c->ndim() == 2)
       return only(r, 0, P(b, OpId::prim_matmul, {Arg(P(b, OpId::prim_permute, {Arg(c), Arg::int_list({1, 0})})),
                                                  Arg(P(b, OpId::prim_permute, {Arg(a), Arg::int_list({1, 0})}))}));

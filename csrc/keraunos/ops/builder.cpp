@@ -100,6 +100,10 @@ const BoundSymbol* Builder::producer(const TensorRef& t) const {
   for (auto it = scope.rbegin(); it != scope.rend(); ++it)
     for (const auto& o : it->outputs())
       if (o.get() == t.get()) return &*it;
+  if (known_)
+    for (auto it = known_->rbegin(); it != known_->rend(); ++it)
+      for (const auto& o : it->outputs())
+        if (o.get() == t.get()) return &*it;
   return nullptr;
 }
 

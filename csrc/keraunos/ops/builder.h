@@ -51,9 +51,13 @@ public:
   void set_return(Arg output);
   Trace finish();
 
-  // The symbol of the current scope that made `t` (nullptr for inputs and tensors of other
-  // scopes). Backward rules use it to rewrite a gradient made a line before.
+  // The symbol of the current scope (or of `also_known`'s list) that made `t` (nullptr for
+  // inputs and tensors of other scopes). Backward rules use it to rewrite a gradient made a
+  // line before, or to see how a forward value was made.
   const BoundSymbol* producer(const TensorRef& t) const;
+  // Symbols outside the builder whose outputs producer() also finds (the autodiff pass: the
+  // forward program's, while it builds the backward). The list must outlive the builder's use.
+  void also_known(const std::vector<BoundSymbol>* symbols) { known_ = symbols; }
 
   // Number of bound symbols recorded in the current scope (for tests).
   size_t scope_size() const { return scopes_.back()->size(); }
@@ -67,6 +71,7 @@ private:
   std::vector<TensorRef> inputs_;
   std::vector<BoundSymbol> top_;
   std::vector<std::vector<BoundSymbol>*> scopes_;
+  const std::vector<BoundSymbol>* known_ = nullptr;
   bool returned_ = false;
 };
 

@@ -323,6 +323,7 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
 
   Builder bb(ctx.builder);
   bb.reserve_names(flat);
+  bb.also_known(&fwd);
   std::unordered_map<const TensorProxy*, TensorRef> grads;
   std::vector<TensorRef> grad_inputs;
   size_t k = 0;
