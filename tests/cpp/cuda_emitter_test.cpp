@@ -369,6 +369,22 @@ TEST(CudaEmitter, ColumnReductionRunsOneThreadPerColumn) {
   EXPECT_COMPILES(k);
 }
 
+TEST(CudaEmitter, ColumnReductionsOfFewColumnsSplitEachColumnOverThreads) {
+  // 2048 columns of 4096 rows (a bias gradient): too few columns for a thread each to fill the
+  // device; 32 columns per block, each column's rows split 32 ways and combined in shared memory.
+  const Kernel k = column_max(4096, 2048);
+  const CudaKernelSource s = emit_cuda(k, kH200);
+  EXPECT_EQ(s.schedule, "column");
+  EXPECT_EQ(s.launch.block[0], 32u);
+  EXPECT_EQ(s.launch.block[1], 32u);
+  EXPECT_EQ(s.launch.grid[0], 64u);
+  const std::string src = kernels(s);
+  EXPECT_TRUE(has(src, "kr_r = threadIdx.y; kr_r < 4096; kr_r += 32")) << src;
+  EXPECT_TRUE(has(src, "kr_column_allreduce<KR_MAX, 32, float>")) << src;
+  EXPECT_TRUE(has(src, "if (kr_in && threadIdx.y == 0)")) << src;
+  EXPECT_COMPILES(k);
+}
+
 TEST(CudaEmitter, ZeroDimKernelsRunOneThreadOrOneBlock) {
   Kernel k;
   k.name = "scalar";

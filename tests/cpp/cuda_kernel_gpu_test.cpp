@@ -288,7 +288,9 @@ TEST(CudaGpu, ReductionsRowColumnTinyAndFull) {
     }
     expect_close(as<float>(run(row_mean(300, 5000), {bytes_of(x)})[0]), want, 1e-5, 1e-4);
   }
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1000, 70000}, {300, 1000}}) {
+  // One thread per column (70000 columns), the column schedule (1000 columns: 32 per block, the
+  // last block part full; 4100 rows: 32 parts of a column, the last ones a row short).
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1000, 70000}, {300, 1000}, {4100, 1000}}) {
     SCOPED_TRACE("column_max " + std::to_string(rows) + "x" + std::to_string(cols));
     auto x = random_floats(static_cast<size_t>(rows * cols), 22);
     x[5 * cols + 17] = NAN; // column 17 is NaN (propagates like amax)

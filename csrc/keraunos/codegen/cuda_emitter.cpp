@@ -118,6 +118,17 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
       r.launch.block[0] = static_cast<unsigned>(scan_rows->threads);
       r.launch.grid[0] = clamp_grid(a.points);
       emit_scan_block(e, r.entry, *scan_rows);
+    } else if (column_access && !row_access && !columns && !scan && longest > 16 &&
+               column_schedulable(a)) {
+      // Too few points for a thread each: 32 points per block, each point's loops split
+      // ny ways (a bias gradient: 8k columns of 4k rows).
+      r.schedule = "column";
+      const int ny = static_cast<int>(std::clamp<int64_t>(
+          pow2_ceil((longest + 127) / 128), 2, std::min(32, dev.max_threads_per_block / 32)));
+      r.launch.block[0] = 32;
+      r.launch.block[1] = static_cast<unsigned>(ny);
+      r.launch.grid[0] = clamp_grid((a.points + 31) / 32);
+      emit_column_kernel(e, r.entry, ny);
     } else if (longest <= 16 || columns || scan) {
       r.schedule = "thread";
       r.launch = grid_stride_launch(a.points);

@@ -39,6 +39,68 @@ void emit_grid_stride(Emitter& e, const std::string& name, int threads) {
   o.line(0, "}");
 }
 
+bool column_schedulable(const Analysis& a) {
+  for (const Stmt& s : *a.point) {
+    if (s.kind != Stmt::Kind::Loop) continue;
+    const LoopNest nest = nest_of(s.loop.get());
+    if (nest.kind != LoopKind::Reduce) return false;
+    bool plain = true; // no loops, stores or accumulators of its own inside the nest
+    visit(*nest.body, [&](const Stmt& b) {
+      plain = plain && b.kind != Stmt::Kind::Loop && b.kind != Stmt::Kind::Store &&
+              b.kind != Stmt::Kind::AccInit;
+    });
+    if (!plain) return false;
+  }
+  return true;
+}
+
+void emit_column_kernel(Emitter& e, const std::string& name, int ny) {
+  Out& o = e.out;
+  const std::string points = std::to_string(e.a.points) + e.fsuf();
+  o.line(0, "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(32 * ny) + ") " +
+                name + "(" + e.params() + ") {");
+  // One 8-byte slot per thread holds any accumulator type.
+  o.line(1, "__shared__ long long kr_col[" + std::to_string(32 * ny) + "];");
+  // Every thread of the block walks the same tiles of points (the barriers need them all).
+  o.line(1, "for (" + e.ft() + " kr_p0 = (" + e.ft() + ")blockIdx.x * 32" + e.fsuf() + "; kr_p0 < " +
+                points + "; kr_p0 += (" + e.ft() + ")gridDim.x * 32" + e.fsuf() + ") {");
+  o.line(2, "const bool kr_in = kr_p0 + threadIdx.x < " + points + ";");
+  // Threads past the last point repeat it (their reads stay in bounds; they store nothing).
+  o.line(2, "const " + e.ft() + " kr_p = kr_in ? kr_p0 + threadIdx.x : " + points + " - 1" +
+                e.fsuf() + ";");
+  e.recover(dims_of(e.a.grid), "kr_p", 2);
+  for (const Stmt& s : *e.a.point) {
+    if (s.kind == Stmt::Kind::Store) {
+      o.line(2, "if (kr_in && threadIdx.y == 0) " + e.store_line(s.store));
+      continue;
+    }
+    if (s.kind != Stmt::Kind::Loop) {
+      e.stmt(s, 2);
+      continue;
+    }
+    const LoopNest nest = nest_of(s.loop.get());
+    o.line(2, "for (" + e.vt() + " kr_r = threadIdx.y; kr_r < " + std::to_string(nest.extent) +
+                  "; kr_r += " + std::to_string(ny) + ") {");
+    e.recover(dims_of(nest), "kr_r", 3);
+    e.serial(*nest.body, 3);
+    o.line(2, "}");
+    std::vector<std::pair<std::string, kir::ReduceOp>> updated;
+    visit(*nest.body, [&](const Stmt& b) {
+      if (b.kind != Stmt::Kind::AccUpdate) return;
+      for (const auto& u : updated)
+        if (u.first == b.update.var) return;
+      updated.emplace_back(b.update.var, b.update.op);
+    });
+    for (const auto& [acc, op] : updated) {
+      const std::string t = kir::ctype(e.acc_dtype(acc));
+      o.line(2, acc + " = kr_column_allreduce<" + op_macro(op) + ", " + std::to_string(ny) + ", " +
+                    t + ">(" + acc + ", reinterpret_cast<" + t + "*>(kr_col));");
+    }
+  }
+  o.line(1, "}");
+  o.line(0, "}");
+}
+
 namespace {
 
 // coefficients and constant of an affine integer expression (nullopt if it is not one).

@@ -495,6 +495,13 @@ CudaLaunch grid_stride_launch(int64_t work);
 
 
 void emit_grid_stride(Emitter& e, const std::string& name, int threads);
+// Column reductions (cuda_pointwise.cpp): a block of 32 x ny threads takes 32 neighbouring
+// outer points (threadIdx.x; their loads coalesce) and splits each point's reduction loops ny
+// ways (threadIdx.y), combining the parts through shared memory. For points whose loops read
+// along the outer points (a bias gradient's sum over rows) when there are too few points for
+// one thread each to fill the device.
+bool column_schedulable(const Analysis& a);
+void emit_column_kernel(Emitter& e, const std::string& name, int ny);
 
 
 // A load of a cat's part along the innermost grid loop (kir::ExprKind::Clamp); see

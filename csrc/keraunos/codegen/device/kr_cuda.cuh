@@ -321,6 +321,20 @@ template <int OP, int NT, class T> KR_DEVICE T kr_block_allreduce(T v, void* sme
   return v;
 }
 
+// All-reduce over the threadIdx.y of a 32 x NY block (the column schedule: threadIdx.x is a
+// point, threadIdx.y a part of its reduction); every thread of a column gets the result, the
+// parts combined in threadIdx.y order. `smem` holds 32 * NY values of T. Every thread of the
+// block must call it. It starts with a barrier, so back-to-back calls may share `smem`.
+template <int OP, int NY, class T> KR_DEVICE T kr_column_allreduce(T v, T* smem) {
+  __syncthreads();
+  smem[threadIdx.y * 32 + threadIdx.x] = v;
+  __syncthreads();
+  T r = smem[threadIdx.x];
+#pragma unroll
+  for (int j = 1; j < NY; ++j) r = kr_combine<OP, T>(r, smem[j * 32 + threadIdx.x]);
+  return r;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Thread-block clusters (sm_90+; kernels declared with __cluster_dims__).
 #if __CUDA_ARCH__ >= 900
