@@ -449,3 +449,27 @@ def test_cross_entropy_backward_is_one_pass_without_a_row_reduction():
     autodiff = next(t for t in keraunos.last_traces(jf) if t.stage == "autodiff")
     backward = str(autodiff).split("prims.iota", 1)[1]
     assert "prims.sum" not in backward and "prims.amax" not in backward, backward
+
+
+def test_write_into_a_tensor_autograd_saved_runs_as_recorded():
+    """The grad fuzzer's seed 3500361: mul saves its operand v for the backward, then v is
+    written in place. Eager's backward raises (the saved tensor's version changed); the
+    functional program would not, so the program runs as recorded through torch and raises
+    as eager does."""
+
+    def f(x, w):
+        v = (x.argmax(1, keepdim=True) * 2 + 1).float()
+        y = w * v
+        v.relu_()
+        return y
+
+    x, w = r(4, 6), r(4, 6)
+    jf = keraunos.jit(f)
+    y = jf(x, w)
+    assert "writes in place into a tensor that an op autograd records has read" in (
+        keraunos.compile_stats(jf)["grad_fallback"]
+    )
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        f(x, w).sum().backward()

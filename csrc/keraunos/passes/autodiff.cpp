@@ -244,19 +244,54 @@ void remat(const Trace& joint, const std::unordered_map<const TensorProxy*, size
 
 } // namespace
 
+namespace {
+void written_storages(const BoundSymbol& b, std::unordered_set<int64_t>& out) {
+  if (b.def().is_inplace() && !b.args.empty() && b.args[0].is_tensor())
+    out.insert(b.args[0].tensor()->storage_id);
+  for (const auto& s : b.subsymbols) written_storages(s, out);
+}
+// Ops whose backward reads none of their inputs' values (eager's autograd saves nothing of
+// them), so a later write into an input is no concern of autograd's.
+bool saves_no_input(const BoundSymbol& b) {
+  switch (b.op) {
+  case OpId::add: case OpId::sub: case OpId::neg: case OpId::sum: case OpId::clone:
+  case OpId::cat: case OpId::stack: case OpId::detach:
+    return true;
+  default:
+    return b.def().has(tags::V);
+  }
+}
+} // namespace
+
 std::string recorded_write(const Trace& acquired) {
   std::unordered_set<int64_t> req;
+  // Storages an op that autograd records has read (and may have saved for its backward).
+  std::unordered_set<int64_t> saved;
   for (const auto& i : acquired.inputs)
     if (i->requires_grad && differentiable_dtype(i->dtype)) req.insert(i->storage_id);
   for (const auto& b : acquired.bsyms) {
     if (b.def().has(tags::Ret)) continue;
     bool any = false;
     for (const auto& t : b.inputs()) any = any || req.count(t->storage_id);
+    if (writes_memory(b)) {
+      if (any)
+        return "keraunos: " + b.def().qualified_name() +
+               " writes in place where a tensor that requires grad is involved" + where(b) +
+               "; the program runs as recorded through torch, so autograd sees the write as in "
+               "eager";
+      std::unordered_set<int64_t> written;
+      written_storages(b, written);
+      for (int64_t s : written)
+        if (saved.count(s))
+          return "keraunos: " + b.def().qualified_name() +
+                 " writes in place into a tensor that an op autograd records has read" +
+                 where(b) +
+                 "; the program runs as recorded through torch, so that autograd checks the "
+                 "write as in eager (its backward raises if it saved that tensor)";
+    }
     if (!any) continue;
-    if (writes_memory(b))
-      return "keraunos: " + b.def().qualified_name() +
-             " writes in place where a tensor that requires grad is involved" + where(b) +
-             "; the program runs as recorded through torch, so autograd sees the write as in eager";
+    if (!saves_no_input(b))
+      for (const auto& t : b.inputs()) saved.insert(t->storage_id);
     if (b.op == OpId::detach) continue;
     for (const auto& o : b.outputs())
       if (differentiable_dtype(o->dtype)) req.insert(o->storage_id);
