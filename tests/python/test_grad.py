@@ -466,8 +466,9 @@ def test_write_into_a_tensor_autograd_saved_runs_as_recorded():
     x, w = r(4, 6), r(4, 6)
     jf = keraunos.jit(f)
     y = jf(x, w)
-    assert "writes in place into a tensor that an op autograd records has read" in (
-        keraunos.compile_stats(jf)["grad_fallback"]
+    assert (
+        "writes in place into a tensor that an op autograd records has read"
+        in (keraunos.compile_stats(jf)["grad_fallback"])
     )
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
