@@ -565,6 +565,27 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
   fret.op = OpId::return_;
   fret.args = {Arg(Arg::List{jret.at(0), Arg::tensor_list(saved_list)})};
   split.forward.bsyms.push_back(std::move(fret));
+  {
+    // Detaches mean nothing inside the forward program (autograd sees only the Function
+    // around it), and one between two regions (softmax's detached max shift) would keep the
+    // max and the sum of exponentials in separate kernels: each becomes its input, except
+    // where it is an output the user gets.
+    std::unordered_set<const TensorProxy*> user;
+    const Arg& outs = jret.at(0);
+    for (const Arg& a : outs.is_list() ? outs.list() : Arg::List{outs})
+      if (a.is_tensor()) user.insert(a.tensor().get());
+    ProxyMap m;
+    std::vector<BoundSymbol> kept;
+    for (auto& b : split.forward.bsyms) {
+      if (b.op == OpId::detach && b.args.at(0).is_tensor() && b.out.is_tensor() &&
+          !user.count(b.out.tensor().get())) {
+        m[b.out.tensor().get()] = substitute(b.args[0], m).tensor();
+        continue;
+      }
+      kept.push_back(m.empty() ? std::move(b) : substitute(b, m));
+    }
+    split.forward.bsyms = std::move(kept);
+  }
   BoundSymbol bret;
   bret.op = OpId::return_;
   bret.args = {jret.at(1)};
