@@ -449,6 +449,9 @@ def test_cross_entropy_backward_is_one_pass_without_a_row_reduction():
     autodiff = next(t for t in keraunos.last_traces(jf) if t.stage == "autodiff")
     backward = str(autodiff).split("prims.iota", 1)[1]
     assert "prims.sum" not in backward and "prims.amax" not in backward, backward
+    # The forward is one region: the detached max shift does not split max and sum of exps.
+    forward = next(t for t in keraunos.last_traces(jf) if t.stage == "partition")
+    assert str(forward).count("ltorch.fusion(") == 1, forward
 
 
 def test_write_into_a_tensor_autograd_saved_runs_as_recorded():
