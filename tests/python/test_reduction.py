@@ -310,6 +310,9 @@ def test_softmax_edge_cases():
     check(lambda a: (a.softmax(-1), a.log_softmax(-1), torch.logsumexp(a, 1)), x)
     check(lambda a: (a.softmax(0), a.log_softmax(-1)), torch.tensor(3.0))
     check(lambda a: (a.softmax(1), a.softmax(0)), torch.empty(0, 4))
+    # Eager checks the dtype only when there are elements (the grad fuzzer's seed 4300185).
+    check(lambda a: (a.softmax(0), a.log_softmax(0)), torch.empty(0, dtype=torch.long))
+    check(lambda a: a.softmax(1, dtype=torch.float16), torch.empty(0, 3, dtype=torch.long))
     check(lambda a: a.softmax(1), torch.randn(6, 5).t())
 
 
