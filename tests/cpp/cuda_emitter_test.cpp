@@ -385,6 +385,14 @@ TEST(CudaEmitter, ColumnReductionsOfFewColumnsSplitEachColumnOverThreads) {
   EXPECT_COMPILES(k);
 }
 
+TEST(CudaEmitter, PerRowOperandsDoNotMakeAColumnReductionARow) {
+  // in1[r0] is the same for every column: the loads along the columns decide the schedule.
+  const Kernel k = column_weighted_sum(8192, 2048);
+  const CudaKernelSource s = emit_cuda(k, kH200);
+  EXPECT_EQ(s.schedule, "column");
+  EXPECT_COMPILES(k);
+}
+
 TEST(CudaEmitter, ZeroDimKernelsRunOneThreadOrOneBlock) {
   Kernel k;
   k.name = "scalar";

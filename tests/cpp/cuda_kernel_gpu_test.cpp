@@ -301,6 +301,17 @@ TEST(CudaGpu, ReductionsRowColumnTinyAndFull) {
     expect_close(as<float>(run(column_max(rows, cols), {bytes_of(x)})[0]), want, 0, 0);
   }
   {
+    // The column schedule with a per-row operand (rows not a multiple of the split).
+    const int64_t rows = 1001, cols = 300;
+    auto x = random_floats(static_cast<size_t>(rows * cols), 23);
+    auto w = random_floats(static_cast<size_t>(rows), 24);
+    std::vector<double> want(static_cast<size_t>(cols), 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) want[c] += double{x[r * cols + c]} * w[r];
+    expect_close(as<float>(run(column_weighted_sum(rows, cols), {bytes_of(x), bytes_of(w)})[0]),
+                 want, 1e-4, 1e-4);
+  }
+  {
     // A full int32 -> int64 sum to a 0-d output (one block).
     Kernel k;
     k.name = "full_sum";

@@ -257,4 +257,22 @@ inline Kernel column_max(int64_t rows, int64_t cols) {
   return k;
 }
 
+// out0[i] = sum_r in0[r, i] * in1[r]: a column sum weighted by a per-row vector (a layer norm's
+// weight gradient reads its per-row statistics this way).
+inline Kernel column_weighted_sum(int64_t rows, int64_t cols) {
+  Kernel k;
+  k.name = "column_weighted_sum";
+  k.device = DeviceType::CUDA;
+  k.buffers = {buffer("in0", F32, false, {rows, cols}), buffer("in1", F32, false, {rows}),
+               buffer("out0", F32, true, {cols})};
+  k.body = {par("i0", cols,
+                {acc("a0", F32, ReduceOp::Sum),
+                 red("r0", rows,
+                     {load("v0", F32, 0, idx({{"r0", cols}, {"i0", 1}})),
+                      load("v1", F32, 1, idx({{"r0", 1}})), let("v2", F32, "v0 * v1"),
+                      update("a0", ReduceOp::Sum, "v2")}),
+                 store(2, idx({{"i0", 1}}), "a0")})};
+  return k;
+}
+
 } // namespace keraunos::kir::build

@@ -92,7 +92,9 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
       longest = std::max(longest, nest.extent);
       visit(*nest.body, [&](const Stmt& b) {
         if (b.kind != Stmt::Kind::Load) return;
-        row_access |= b.load.index.coef(nest.loops.back()->var) == 1;
+        // (A load that no outer point varies, a layer norm's per-row statistics in its weight
+        // gradient's columns, reads the same values for every point: it is neither.)
+        row_access |= b.load.index.coef(nest.loops.back()->var) == 1 && !row_invariant(a, b.load.index);
         column_access |= !inner_point_var.empty() && b.load.index.coef(inner_point_var) == 1;
       });
     }
