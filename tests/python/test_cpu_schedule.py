@@ -1,5 +1,6 @@
 """CPU kernel schedules against eager: innermost pointwise loops with chains of costly values
-(transcendentals) run in stages over blocks of elements (codegen/cpu_emitter.cpp)."""
+(transcendentals) run in stages over blocks of elements, column reductions in tiles of points
+(codegen/cpu_emitter.cpp)."""
 
 import pytest
 import torch
@@ -68,3 +69,24 @@ def test_in_place_writes_are_not_staged():
     y = x.clone()
     torch.testing.assert_close(jf(y), ref)
     torch.testing.assert_close(y, ref)
+
+
+@pytest.mark.parametrize("shape", [(300, 301), (4, 33, 130), (1000, 7)])
+@pytest.mark.parametrize("op", ["gelu_sum", "amax", "int_sum"])
+def test_column_reductions_run_in_tiles_of_points(shape, op):
+    """A reduction over the outer dims (a bias or norm-weight gradient) reduces a tile of 128
+    neighbouring points per row, each row of the tile one contiguous simd loop, instead of one
+    point at a time with a row's stride; each point still combines its rows in order."""
+    x = torch.randn(*shape)
+    x.view(-1)[17] = float("nan")
+    dims = tuple(range(x.dim() - 1))
+    w = torch.randn(shape[-1])
+    fns = {
+        "gelu_sum": lambda a, w: (torch.nn.functional.gelu(a) * w).sum(dims),
+        "amax": lambda a, w: (a * w).amax(dims),
+        "int_sum": lambda a, w: (a > w).sum(dims),
+    }
+    f = fns[op]
+    jf = keraunos.jit(f)
+    torch.testing.assert_close(jf(x, w), f(x, w), rtol=2e-5, atol=2e-5, equal_nan=True)
+    assert any("_b += 128" in s and "_t[128]" in s for s in _kernel_sources(jf))

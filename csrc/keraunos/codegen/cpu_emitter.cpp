@@ -117,6 +117,40 @@ bool has_loop(const kir::Block& b) {
   return false;
 }
 
+// Column reductions: an outer point loop whose body is accumulators, one nest of Reduce loops
+// and then per-point statements, where the nest's loads run along the points (a bias
+// gradient: out[i] = sum_r in[r, i]). One point at a time walks memory with a row's stride and
+// cannot vectorize; instead a tile of kColumnTile points is reduced together, each row of the
+// tile one contiguous simd loop, with the tile's accumulators in an array (each point still
+// combines its values in row order). The Reduce nest of such a loop, or null.
+constexpr int64_t kColumnTile = 128;
+const kir::Loop* column_nest(const kir::Loop& l) {
+  if (l.kind != kir::LoopKind::Parallel || l.extent < 2) return nullptr;
+  const kir::Loop* nest = nullptr;
+  for (const auto& s : l.body) {
+    if (s.kind == kir::Stmt::Kind::Loop) {
+      if (nest || s.loop->kind != kir::LoopKind::Reduce) return nullptr;
+      nest = s.loop.get();
+    } else if (!nest && s.kind != kir::Stmt::Kind::AccInit) {
+      return nullptr; // per-point values before the nest: keep the plain loop
+    }
+  }
+  if (!nest) return nullptr;
+  const kir::Loop* in = nest;
+  while (in->body.size() == 1 && in->body[0].kind == kir::Stmt::Kind::Loop)
+    in = in->body[0].loop.get();
+  if (in->kind != kir::LoopKind::Reduce || has_loop(in->body)) return nullptr;
+  bool column = false;
+  for (const auto& s : in->body) {
+    if (s.kind == kir::Stmt::Kind::AccInit || s.kind == kir::Stmt::Kind::Store) return nullptr;
+    if (s.kind != kir::Stmt::Kind::Load) continue;
+    const int64_t along_points = s.load.index.coef(l.var);
+    if (along_points != 0 && s.load.index.coef(in->var) == 1) return nullptr; // a row
+    column = column || along_points == 1;
+  }
+  return column ? nest : nullptr;
+}
+
 class Printer {
 public:
   explicit Printer(const kir::Kernel& k) : k_(k) {}
@@ -198,6 +232,10 @@ private:
           staged(l, st, depth);
           break;
         }
+        if (const kir::Loop* nest = collapse_left_ == 0 ? column_nest(l) : nullptr) {
+          columns(l, *nest, depth);
+          break;
+        }
         os_ << pad << "for (int64_t " << l.var << " = 0; " << l.var << " < " << l.extent << "; ++"
             << l.var << ") {\n";
         block(l.body, depth + 1, threaded_child);
@@ -273,6 +311,67 @@ private:
           }
       os_ << in << "}\n";
     }
+    os_ << pad << "}\n";
+  }
+
+  // The point loop `l` in tiles (its pragma already printed: threads over the tiles, or none):
+  // the accumulators in per-tile arrays, the Reduce nest's loops serial around one simd loop
+  // over the tile, then the per-point statements over the tile.
+  void columns(const kir::Loop& l, const kir::Loop& nest, int depth) {
+    std::string pad(2 * depth, ' '), in(2 * depth + 2, ' ');
+    const std::string b = l.var + "_b", n = l.var + "_n", j = l.var + "_j";
+    os_ << pad << "for (int64_t " << b << " = 0; " << b << " < " << l.extent << "; " << b
+        << " += " << kColumnTile << ") {\n";
+    os_ << in << "const int64_t " << n << " = " << l.extent << " - " << b << " < " << kColumnTile
+        << " ? " << l.extent << " - " << b << " : " << kColumnTile << ";\n";
+    std::vector<const kir::AccInit*> accs;
+    for (const auto& s : l.body)
+      if (s.kind == kir::Stmt::Kind::AccInit) {
+        accs.push_back(&s.acc);
+        acc_dtype_[s.acc.var] = s.acc.dtype;
+        os_ << in << kir::ctype(s.acc.dtype) << " " << s.acc.var << "_t[" << kColumnTile << "];\n";
+        os_ << in << "for (int64_t " << j << " = 0; " << j << " < " << n << "; ++" << j << ") "
+            << s.acc.var << "_t[" << j << "] = " << identity(s.acc.op, s.acc.dtype) << ";\n";
+      }
+    // The nest's loops, serial; the innermost body once per point of the tile.
+    int d = depth + 1;
+    const kir::Loop* cur = &nest;
+    for (;;) {
+      os_ << std::string(2 * d, ' ') << "for (int64_t " << cur->var << " = 0; " << cur->var << " < "
+          << cur->extent << "; ++" << cur->var << ") {\n";
+      ++d;
+      if (has_loop(cur->body)) {
+        cur = cur->body[0].loop.get();
+        continue;
+      }
+      break;
+    }
+    const std::string dp(2 * d, ' ');
+    os_ << dp << "#pragma omp simd\n";
+    os_ << dp << "for (int64_t " << j << " = 0; " << j << " < " << n << "; ++" << j << ") {\n";
+    os_ << dp << "  const int64_t " << l.var << " = " << b << " + " << j << ";\n";
+    for (const auto* a : accs)
+      os_ << dp << "  " << kir::ctype(a->dtype) << " " << a->var << " = " << a->var << "_t[" << j
+          << "];\n";
+    block(cur->body, d + 1, false);
+    for (const auto* a : accs) os_ << dp << "  " << a->var << "_t[" << j << "] = " << a->var << ";\n";
+    os_ << dp << "}\n";
+    for (int k = d - 1; k > depth; --k) os_ << std::string(2 * k, ' ') << "}\n";
+    // The per-point statements after the nest.
+    kir::Block after;
+    bool past = false;
+    for (const auto& s : l.body) {
+      if (past) after.push_back(s);
+      past = past || s.kind == kir::Stmt::Kind::Loop;
+    }
+    os_ << in << "#pragma omp simd\n";
+    os_ << in << "for (int64_t " << j << " = 0; " << j << " < " << n << "; ++" << j << ") {\n";
+    os_ << in << "  const int64_t " << l.var << " = " << b << " + " << j << ";\n";
+    for (const auto* a : accs)
+      os_ << in << "  const " << kir::ctype(a->dtype) << " " << a->var << " = " << a->var << "_t["
+          << j << "];\n";
+    block(after, depth + 2, false);
+    os_ << in << "}\n";
     os_ << pad << "}\n";
   }
 
