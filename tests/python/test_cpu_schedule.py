@@ -90,3 +90,17 @@ def test_column_reductions_run_in_tiles_of_points(shape, op):
     jf = keraunos.jit(f)
     torch.testing.assert_close(jf(x, w), f(x, w), rtol=2e-5, atol=2e-5, equal_nan=True)
     assert any("_b += 128" in s and "_t[128]" in s for s in _kernel_sources(jf))
+
+
+@pytest.mark.parametrize("fusion_type", ["consecutive", "dataflow"])
+def test_a_reduction_over_size_one_dims_after_a_column_nest_keeps_the_plain_loop(fusion_type):
+    """The grad fuzzer's seed 25003998: softmax over a size-1 dim after a column amin puts an
+    accumulator of its own after the column nest; such a point loop is not tiled (it produced
+    C++ that did not compile)."""
+
+    def f(a):
+        return (a * 2 - 1).amin(0, keepdim=True).softmax(0)
+
+    x = torch.randn(4, 6)
+    jf = keraunos.jit(f, fusion_type=fusion_type)
+    torch.testing.assert_close(jf(x), f(x))

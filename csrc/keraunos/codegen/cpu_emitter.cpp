@@ -133,6 +133,9 @@ const kir::Loop* column_nest(const kir::Loop& l) {
       nest = s.loop.get();
     } else if (!nest && s.kind != kir::Stmt::Kind::AccInit) {
       return nullptr; // per-point values before the nest: keep the plain loop
+    } else if (nest && (s.kind == kir::Stmt::Kind::AccInit ||
+                        s.kind == kir::Stmt::Kind::AccUpdate)) {
+      return nullptr; // a reduction over size-1 dims after the nest (its own accumulator)
     }
   }
   if (!nest) return nullptr;
