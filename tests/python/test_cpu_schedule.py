@@ -104,3 +104,8 @@ def test_a_reduction_over_size_one_dims_after_a_column_nest_keeps_the_plain_loop
     x = torch.randn(4, 6)
     jf = keraunos.jit(f, fusion_type=fusion_type)
     torch.testing.assert_close(jf(x), f(x))
+    xk, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    w = torch.randn(1, 6)
+    (jf(xk) * w).sum().backward()
+    (f(xe) * w).sum().backward()
+    torch.testing.assert_close(xk.grad, xe.grad)
