@@ -7,7 +7,8 @@ retain_graph) and checks them for in-place changes between the two, as it does f
 saved tensors. Outputs that eager would not make require grad (integer results, detached
 values) are marked non-differentiable. Outputs that are views of inputs are made here, outside
 the Function, with torch.as_strided on that input: autograd records them as eager does, as
-views. The backward is not itself differentiable: a double backward (create_graph=True)
+views. The backward program takes its inputs as one list (boxed) and frees each saved tensor after
+its last use, as every other temporary. The backward is not itself differentiable: a double backward (create_graph=True)
 raises NotImplementedError by name.
 """
 
@@ -70,6 +71,10 @@ class _Function(torch.autograd.Function):
             )
         # The backward program was generated for contiguous gradients of the differentiable
         # outputs (autograd may hand an expanded or strided one).
-        gs = [g.contiguous() for g, d in zip(grads, gp.differentiable) if d]
-        res = gp.backward(*ctx.saved_tensors, *gs)
+        args = [*ctx.saved_tensors]
+        args += [g.contiguous() for g, d in zip(grads, gp.differentiable) if d]
+        # The backward program takes its inputs boxed and frees each saved tensor at its last
+        # use; autograd lets go of its own references now (unless retain_graph keeps them).
+        ctx.maybe_clear_saved_tensors()
+        res = gp.backward(args)
         return (None, None, *res)

@@ -70,10 +70,15 @@ def _dump_options() -> set[str]:
     return {s.strip() for s in _C.option("dump").split(",")}
 
 
-def build_program(trace, name="program", prims=False, fusion=False, kernels_out=None):
+def build_program(
+    trace, name="program", prims=False, fusion=False, kernels_out=None, boxed=False, donatable=()
+):
     """Python source of `trace` and the function it defines. With `fusion`, regions on CPU
     tensors become generated kernels (the program calls them by name; `kernels_out`, a list,
-    receives the kernel objects); without a C++ compiler, a warning and torch runs them."""
+    receives the kernel objects); without a C++ compiler, a warning and torch runs them.
+    `boxed`: the function takes its inputs as one list, which it empties (it then holds the
+    only references and frees each input at its last use); `donatable`: per input, whether a
+    kernel may take its memory after its last read (a backward's saved intermediates)."""
     global _warned_no_compiler
     if prims:
         trace = trace.flatten_to_prims()
@@ -86,7 +91,14 @@ def build_program(trace, name="program", prims=False, fusion=False, kernels_out=
         check_cuda = _C.option("check_cuda_codegen")
         try:
             src, kernels = _C.fused_program(
-                trace, name, True, True, check_cuda, "kernels" in _dump_options()
+                trace,
+                name,
+                True,
+                True,
+                check_cuda,
+                "kernels" in _dump_options(),
+                boxed,
+                list(donatable),
             )
         except _C.CpuCompilerUnavailable as e:
             if not _warned_no_compiler:
@@ -97,7 +109,7 @@ def build_program(trace, name="program", prims=False, fusion=False, kernels_out=
                     stacklevel=2,
                 )
     if src is None:
-        src = trace.torch_program(name)
+        src = trace.torch_program(name, boxed)
     ns = dict(_program_globals())
     for k in kernels:
         ns[k.name] = k
@@ -286,7 +298,7 @@ class JittedFunction(_C.Dispatcher):
         from .grad import GradProgram
 
         functional = traces[-2]  # after functionalize, DCE and CSE; before partition
-        joint, fwd, bwd, leaves, _ = _C.autodiff(functional, traces[0], default_float)
+        joint, fwd, bwd, leaves, _, donatable = _C.autodiff(functional, traces[0], default_float)
         if not any(info[0] == "tensor" and info[1] for info in leaves):
             return None
         verify = _C.option("verify")
@@ -294,7 +306,9 @@ class JittedFunction(_C.Dispatcher):
         fwd_traces = _C.run_pipeline(fwd, self._fusion_type, verify, default_float)
         bwd_traces = _C.run_pipeline(bwd, self._fusion_type, verify, default_float)
         src_f, prog_f = build_program(fwd_traces[-1], "forward", fusion=True, kernels_out=kf)
-        src_b, prog_b = build_program(bwd_traces[-1], "backward", fusion=True, kernels_out=kb)
+        src_b, prog_b = build_program(
+            bwd_traces[-1], "backward", fusion=True, kernels_out=kb, boxed=True, donatable=donatable
+        )
         cg_ms = (time.perf_counter() - t_cg) * 1e3
         program = GradProgram(prog_f, prog_b, leaves, single)
         self._traces = [

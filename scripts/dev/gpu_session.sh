@@ -163,6 +163,11 @@ for step in $STEPS; do
     timeout ${TRAIN_TIMEOUT:-240} python3 benchmarks/train.py --rounds ${TRAIN_ROUNDS:-5} >"$OUT/train.md" 2>"$OUT/train.err"
     grep -E "^\||^#" "$OUT/train.md"; tail -5 "$OUT/train.err"
     ;;
+  peakmem)
+    stamp "what is alive at the training step's peak memory (CUDA, bf16)"
+    timeout ${PEAKMEM_TIMEOUT:-240} python3 scripts/dev/peak_memory.py --case ${PEAKMEM_CASE:-llama} >"$OUT/peakmem.log" 2>&1
+    tail -80 "$OUT/peakmem.log"
+    ;;
   proftrain)
     stamp "training step profile (CUDA, bf16)"
     timeout ${PROFTRAIN_TIMEOUT:-240} python3 scripts/dev/profile_train.py --dump "$OUT/train_programs.txt" >"$OUT/proftrain.log" 2>&1

@@ -90,6 +90,44 @@ TEST(TorchProgram, SingleOutputAndNoInputs) {
             "  return t0\n");
 }
 
+// Each tensor is deleted after its last reader; a boxed program takes its inputs as a list,
+// empties it and deletes an input after its last use as well (a backward's saved tensors).
+TEST(TorchProgram, DeletesEachTensorAfterItsLastUse) {
+  Builder b;
+  auto x = b.add_input(F32, Device{}, {4}, {});
+  auto y = b.add_input(F32, Device{}, {4}, {});
+  auto unused = b.add_input(F32, Device{}, {4}, {});
+  Arg s = b.call_user(OpId::sin, {Arg(x)}, {}, "torch.sin", nullptr);
+  Arg c = b.call_user(OpId::cos, {s}, {}, "torch.cos", nullptr);
+  Arg e = b.call_user(OpId::exp, {Arg(y)}, {}, "torch.exp", nullptr);
+  Arg m = b.call_user(OpId::mul, {c, e}, {}, "torch.mul", nullptr);
+  b.set_return(Arg(Arg::List{m, e}));
+  Trace t = b.finish();
+  EXPECT_EQ(torch_program(t, "f"),
+            "def f(t0, t1, t2):\n"
+            "  t3 = torch.sin(t0)\n"
+            "  t4 = torch.cos(t3)\n"
+            "  del t3\n"
+            "  t5 = torch.exp(t1)\n"
+            "  t6 = _kr.mul(t4, t5)\n"
+            "  del t4\n"
+            "  return (t6, t5, )\n");
+  EXPECT_EQ(torch_program(t, "f", /*boxed=*/true),
+            "def f(args):\n"
+            "  t0, t1, t2, = args\n"
+            "  args.clear()\n"
+            "  del t2\n"
+            "  t3 = torch.sin(t0)\n"
+            "  del t0\n"
+            "  t4 = torch.cos(t3)\n"
+            "  del t3\n"
+            "  t5 = torch.exp(t1)\n"
+            "  del t1\n"
+            "  t6 = _kr.mul(t4, t5)\n"
+            "  del t4\n"
+            "  return (t6, t5, )\n");
+}
+
 // Eager CUDA divides by a Python number as a multiplication by its float reciprocal and takes a
 // mean as the sum times outputs / inputs (in float); the CPU divides both.
 TEST(Printer, DivisionByNumberFollowsTheDevice) {

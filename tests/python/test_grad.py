@@ -280,6 +280,113 @@ def test_retain_graph_and_double_backward():
         out.backward()
 
 
+def test_backward_frees_saved_tensors_at_their_last_use(monkeypatch):
+    """The backward program takes its inputs boxed and `del`s each one after its last use: a
+    saved intermediate is gone before the backward's last matmul (holding it, and every
+    temporary, to the end made the LLaMA step's peak memory the sum of them). retain_graph
+    still keeps the saved tensors for a second backward."""
+    import weakref
+
+    def f(x, w1, w2):
+        return ((x @ w1).relu() @ w2).sum()
+
+    x, w1, w2 = r(8, 16), r(16, 32), r(32, 4)
+    inputs = {id(t) for t in (x, w1, w2)}
+    matmuls, deaths, refs = [0], [], []
+    matmul = torch.matmul
+
+    def counting_matmul(*args, **kwargs):
+        matmuls[0] += 1
+        return matmul(*args, **kwargs)
+
+    def pack(t):
+        if id(t) not in inputs:
+            refs.append(weakref.ref(t, lambda _: deaths.append(matmuls[0])))
+        return t
+
+    jf = keraunos.jit(f)
+    jf(x, w1, w2)  # compiled outside the patch
+    monkeypatch.setattr(torch, "matmul", counting_matmul)
+    for retain in (False, True):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = jf(x, w1, w2)
+        assert refs, "the forward saved no intermediate"
+        matmuls[0] = 0
+        deaths.clear()
+        out.backward(retain_graph=retain)
+        assert matmuls[0] == 4  # dw2, dh, dx, dw1
+        if retain:
+            assert deaths == []
+            x.grad = w1.grad = w2.grad = None
+            out.backward()
+        else:
+            assert len(deaths) == len(refs) and max(deaths) < 4, deaths
+        del out
+        refs.clear()
+    monkeypatch.undo()
+    xe, w1e, w2e = (t.detach().requires_grad_() for t in (x, w1, w2))
+    f(xe, w1e, w2e).backward()
+    for t, e in zip((x, w1, w2), (xe, w1e, w2e)):
+        torch.testing.assert_close(t.grad, e.grad)
+
+
+def test_backward_kernels_reuse_the_memory_of_saved_tensors(monkeypatch):
+    """A backward kernel that reads a saved intermediate for the last time, at the element it
+    writes, writes its output into that tensor's memory (AOTAutograd's donated buffers): the
+    gradient of sin(x @ w)'s pre-activation takes the saved x @ w. Only when nothing else holds
+    the saved tensor: under retain_graph (autograd keeps it for the next backward) and when a
+    saved-tensor hook keeps it, the kernel allocates, and the kept values stay eager's."""
+
+    def f(x, w):
+        return (x @ w).sin().sum()
+
+    x, w = r(16, 8), r(8, 32)
+    jf = keraunos.jit(f)
+    jf(x, w).backward()
+    bwd = keraunos.last_traces(jf)[-1].source
+    assert bwd.startswith("def backward(args):") and " = [t" in bwd, bwd
+    xe, we = x.detach().requires_grad_(), w.detach().requires_grad_()
+    f(xe, we).backward()
+    ref = (xe.grad, we.grad)
+
+    ptrs = []
+    matmul = torch.matmul
+
+    def watching_matmul(a, b):
+        ptrs.append((a.data_ptr(), b.data_ptr()))
+        return matmul(a, b)
+
+    def saved_ptr(out):
+        return next(t.data_ptr() for t in out.grad_fn.saved_tensors if t.shape == (16, 32))
+
+    monkeypatch.setattr(torch, "matmul", watching_matmul)
+
+    def run(retain=False, hook=None):
+        x.grad = w.grad = None
+        ptrs.clear()
+        with hook or torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            out = jf(x, w)
+        pre = saved_ptr(out)
+        out.backward(retain_graph=retain)
+        torch.testing.assert_close((x.grad, w.grad), ref)
+        return out, pre
+
+    out, pre = run()
+    assert any(pre in p for p in ptrs), "the gradient did not take the saved tensor's memory"
+    out, pre = run(retain=True)
+    assert not any(pre in p for p in ptrs)
+    x.grad = w.grad = None
+    out.backward()  # the saved tensor is intact
+    torch.testing.assert_close((x.grad, w.grad), ref)
+    kept = []
+    hook = torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t)
+    out, pre = run(hook=hook)
+    assert not any(pre in p for p in ptrs)
+    torch.testing.assert_close(
+        next(t for t in kept if t.shape == (16, 32)), x.detach() @ w.detach()
+    )
+
+
 def test_no_grad_and_requires_grad_changes():
     def f(x, w):
         return (x * w).sin()

@@ -102,6 +102,35 @@ void view_reshapes(std::vector<PStep>& steps, const Trace& trace) {
   }
 }
 
+// Whether a kernel writes output `out` and reads input buffer `in` (-1: none) only at the
+// element it writes, in loops without reductions or scans (so that writing `out` into `in`'s
+// memory changes no value it reads: each element is read before the same iteration writes it).
+bool reads_only_where_it_writes(const kir::Kernel& k, int in, int out) {
+  std::string store_index;
+  bool ok = true;
+  std::function<void(const kir::Block&)> scan = [&](const kir::Block& blk) {
+    for (const auto& s : blk) {
+      if (s.kind == kir::Stmt::Kind::Loop) {
+        if ((s.loop->kind == kir::LoopKind::Reduce || s.loop->kind == kir::LoopKind::Scan) && in >= 0)
+          ok = false;
+        scan(s.loop->body);
+      } else if (s.kind == kir::Stmt::Kind::Store && s.store.buffer == k.num_inputs() + out) {
+        store_index = s.store.index.str();
+      }
+    }
+  };
+  scan(k.body);
+  std::function<void(const kir::Block&)> loads = [&](const kir::Block& blk) {
+    for (const auto& s : blk) {
+      if (s.kind == kir::Stmt::Kind::Loop) loads(s.loop->body);
+      if (s.kind == kir::Stmt::Kind::Load && s.load.buffer == in && s.load.index.str() != store_index)
+        ok = false;
+    }
+  };
+  loads(k.body);
+  return ok && !store_index.empty();
+}
+
 // Fuses `copy_(x, t)` into the kernel that computes t when that kernel reads x only at the
 // element it writes and nothing after it reads x or t.
 void reinplace(std::vector<PStep>& steps, FusedProgram& fp, const Trace& trace) {
@@ -145,39 +174,61 @@ void reinplace(std::vector<PStep>& steps, FusedProgram& fp, const Trace& trace) 
         if (in.get() == x.get() || in.get() == t.get()) read_later = true;
     }
     if (read_later) continue;
-    // The kernel is pointwise and reads x only at the index it writes t.
-    std::string store_index;
-    bool ok = true;
     int xbuf = -1;
     for (size_t b = 0; b < kc.inputs.size(); ++b)
       if (kc.inputs[b].get() == x.get()) xbuf = static_cast<int>(b);
-    std::function<void(const kir::Block&)> scan = [&](const kir::Block& blk) {
-      for (const auto& s : blk) {
-        if (s.kind == kir::Stmt::Kind::Loop) {
-          if ((s.loop->kind == kir::LoopKind::Reduce || s.loop->kind == kir::LoopKind::Scan) &&
-              xbuf >= 0)
-            ok = false;
-          scan(s.loop->body);
-        } else if (s.kind == kir::Stmt::Kind::Store &&
-                   s.store.buffer == kc.kernel.num_inputs() + j) {
-          store_index = s.store.index.str();
-        }
-      }
-    };
-    scan(kc.kernel.body);
-    std::function<void(const kir::Block&)> loads = [&](const kir::Block& blk) {
-      for (const auto& s : blk) {
-        if (s.kind == kir::Stmt::Kind::Loop) loads(s.loop->body);
-        if (s.kind == kir::Stmt::Kind::Load && s.load.buffer == xbuf &&
-            s.load.index.str() != store_index)
-          ok = false;
-      }
-    };
-    if (xbuf >= 0) loads(kc.kernel.body);
-    if (!ok || store_index.empty()) continue;
+    if (!reads_only_where_it_writes(kc.kernel, xbuf, j)) continue;
     kc.write_into[j] = x;
     if (xbuf >= 0) kc.kernel.noalias = false;
     steps[c].dropped = true;
+  }
+}
+
+// A boxed program (a backward: it holds the only references to its saved tensors) lets a
+// kernel write an output into the memory of a donatable input it reads for the last time, as
+// AOTAutograd's donated buffers: the cross-entropy backward's gradient of the logits takes the
+// logits' memory instead of holding both (256 MiB each in the LLaMA step). The kernel must
+// read that input only at the element it writes, with the output's layout. The program hands
+// such an input over in a one-element list, dropping its own name for it, and the kernel takes
+// its memory only when nothing else references the tensor (bind_fusion.cpp: lendable; with
+// retain_graph, autograd still holds it), else allocates as usual.
+void donate(std::vector<PStep>& steps, FusedProgram& fp, const Trace& trace, const std::vector<bool>& donatable) {
+  std::unordered_set<const TensorProxy*> candidates;
+  for (size_t i = 0; i < trace.inputs.size() && i < donatable.size(); ++i)
+    if (donatable[i]) candidates.insert(trace.inputs[i].get());
+  if (candidates.empty()) return;
+  std::unordered_map<const TensorProxy*, size_t> last; // the last step naming it
+  std::vector<TensorRef> returned;
+  trace.output().collect_tensors(returned);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    if (steps[s].dropped) continue;
+    for (const auto& in : step_inputs(steps[s], fp)) last[in.get()] = s;
+    if (steps[s].kernel >= 0)
+      for (const auto& t : fp.kernels[steps[s].kernel].write_into)
+        if (t) last[t.get()] = s;
+  }
+  for (const auto& t : returned) last[t.get()] = steps.size();
+  for (size_t s = 0; s < steps.size(); ++s) {
+    if (steps[s].dropped || steps[s].kernel < 0) continue;
+    KernelCall& kc = fp.kernels[steps[s].kernel];
+    std::vector<bool> lent(kc.inputs.size(), false);
+    for (size_t j = 0; j < kc.outputs.size(); ++j) {
+      if (kc.write_into[j]) continue;
+      const kir::Buffer& ob = kc.kernel.buffers[kc.kernel.num_inputs() + j];
+      for (size_t b = 0; b < kc.inputs.size(); ++b) {
+        const TensorRef& x = kc.inputs[b];
+        if (lent[b] || !candidates.count(x.get()) || last.at(x.get()) != s) continue;
+        if (std::count(kc.inputs.begin(), kc.inputs.end(), x) != 1) continue;
+        if (x->dtype != ob.dtype || x->shape != ob.shape || !x->is_contiguous() ||
+            x->strides != ob.strides || kc.kernel.buffers[b].strides != ob.strides)
+          continue;
+        if (!reads_only_where_it_writes(kc.kernel, static_cast<int>(b), static_cast<int>(j))) continue;
+        kc.donor[j] = static_cast<int>(b);
+        kc.kernel.noalias = false;
+        lent[b] = true;
+        break;
+      }
+    }
   }
 }
 
@@ -290,11 +341,9 @@ FusedProgram fused_program(const Trace& trace, const std::string& name, const Fu
   }
   reinplace(steps, fp, trace);
   view_reshapes(steps, trace);
+  if (opt.boxed) donate(steps, fp, trace, opt.donatable);
 
-  std::ostringstream os;
-  os << "def " << name << "(";
-  for (size_t i = 0; i < trace.inputs.size(); ++i) os << (i ? ", " : "") << trace.inputs[i]->name;
-  os << "):\n";
+  ProgramWriter w(name, trace.inputs, opt.boxed);
   for (const auto& s : steps) {
     if (s.dropped) continue;
     if (s.kernel >= 0) {
@@ -304,19 +353,29 @@ FusedProgram fused_program(const Trace& trace, const std::string& name, const Fu
         (kc.write_into[j] ? into : fresh).push_back(kc.write_into[j] ? kc.write_into[j] : kc.outputs[j]);
       std::string args = names(kc.inputs) + names(into);
       if (args.size() >= 2) args.resize(args.size() - 2);
-      os << "  ";
-      if (!fresh.empty()) os << names(fresh) << "= ";
-      os << kc.kernel.name << "(" << args << ")\n";
+      std::string text = "  ";
+      if (!fresh.empty()) text += names(fresh) + "= ";
+      text += kc.kernel.name + "(" + args + ")\n";
+      std::vector<TensorRef> reads = kc.inputs;
+      reads.insert(reads.end(), into.begin(), into.end());
+      for (int d : kc.donor)
+        if (d >= 0) {
+          // Handed over in a list: the kernel may take its memory (donate above).
+          const std::string& n = kc.inputs[d]->name;
+          w.add("  " + n + " = [" + n + "]\n", {kc.inputs[d]}, {});
+        }
+      w.add(std::move(text), reads, fresh);
       continue;
     }
     const BoundSymbol& b = s.is_owned ? s.owned : *s.bsym;
     if (s.as_view) {
-      os << "  " << b.out.str() << " = _prims.reshape_view(" << format_call_args(b.def(), b.args) << ")\n";
+      w.add("  " + b.out.str() + " = _prims.reshape_view(" + format_call_args(b.def(), b.args) + ")\n",
+            b.inputs(), b.outputs());
       continue;
     }
-    os << torch_statement(b);
+    w.add_torch(b);
   }
-  fp.source = os.str();
+  fp.source = w.str();
   return fp;
 }
 

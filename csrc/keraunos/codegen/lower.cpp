@@ -1323,6 +1323,7 @@ private:
         b.strides = output_strides(t);
         call.outputs.push_back(t);
         call.write_into.push_back(nullptr);
+        call.donor.push_back(-1);
         out_buffers_.push_back(b);
         if (empty) continue;
         std::string v;

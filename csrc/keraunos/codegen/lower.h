@@ -27,6 +27,10 @@ struct KernelCall {
   // Outputs written into an existing tensor instead of a new one (reinplaced epilogue
   // writes): for each output, the program input it writes into, or nullptr.
   std::vector<TensorRef> write_into;
+  // Outputs that may take the memory of an input the program reads for the last time (a
+  // backward's saved tensor, fused_program.cpp: donate): for each output, that input's index,
+  // or -1. The kernel then takes a trailing `donate` flag and checks the tensor at run time.
+  std::vector<int> donor;
   // With FusionOptions::cuda_twins, for a CPU kernel: the same region's kernel lowered for CUDA
   // (what a GPU would run; CI without a GPU compiles it through NVRTC). Null otherwise.
   std::shared_ptr<const kir::Kernel> cuda_twin;

@@ -2,7 +2,10 @@
 
 #include "keraunos/ir/error.h"
 
+#include <algorithm>
 #include <sstream>
+#include <unordered_map>
+#include <unordered_set>
 
 namespace keraunos {
 
@@ -21,13 +24,75 @@ namespace {
 void emit(std::ostringstream& os, const BoundSymbol& b);
 } // namespace
 
-std::string torch_program(const Trace& trace, const std::string& name) {
+ProgramWriter::ProgramWriter(const std::string& name, const std::vector<TensorRef>& inputs, bool boxed)
+    : name_(name), boxed_(boxed) {
+  for (const auto& t : inputs) inputs_.push_back(t->name);
+}
+
+void ProgramWriter::add(std::string text, const std::vector<TensorRef>& reads,
+                        const std::vector<TensorRef>& binds) {
+  Statement s{std::move(text), {}};
+  for (const auto& t : reads) s.names.push_back(t->name);
+  for (const auto& t : binds) s.names.push_back(t->name);
+  statements_.push_back(std::move(s));
+}
+
+void ProgramWriter::add_torch(const BoundSymbol& b) {
+  if (b.def().has(tags::F)) {
+    add("  # fusion region " + std::to_string(b.args.at(1).as_int()) + "\n", {}, {});
+    for (const auto& m : b.subsymbols) add_torch(m);
+    return;
+  }
+  add(torch_statement(b), b.inputs(), b.outputs());
+}
+
+std::string ProgramWriter::str() const {
+  // Statement 0 is the header (it binds the inputs); the last statement returns, so nothing
+  // after it needs freeing.
+  std::unordered_map<std::string, size_t> last;
+  if (boxed_)
+    for (const auto& n : inputs_) last[n] = 0;
+  std::unordered_set<std::string> held_by_caller;
+  if (!boxed_) held_by_caller.insert(inputs_.begin(), inputs_.end());
+  for (size_t i = 0; i < statements_.size(); ++i)
+    for (const auto& n : statements_[i].names)
+      if (!held_by_caller.count(n)) last[n] = i + 1;
+  std::vector<std::vector<std::string>> dead(statements_.size() + 1);
+  for (const auto& [n, i] : last)
+    if (i < statements_.size()) dead[i].push_back(n);
+  for (auto& d : dead) std::sort(d.begin(), d.end());
+  auto del = [&](std::ostringstream& os, size_t i) {
+    if (dead[i].empty()) return;
+    os << "  del ";
+    for (size_t k = 0; k < dead[i].size(); ++k) os << (k ? ", " : "") << dead[i][k];
+    os << "\n";
+  };
   std::ostringstream os;
-  os << "def " << name << "(";
-  for (size_t i = 0; i < trace.inputs.size(); ++i) os << (i ? ", " : "") << trace.inputs[i]->name;
-  os << "):\n";
-  for (const auto& b : trace.bsyms) emit(os, b);
+  os << "def " << name_ << "(";
+  if (boxed_) {
+    os << "args):\n";
+    if (!inputs_.empty()) {
+      os << "  ";
+      for (const auto& n : inputs_) os << n << ", ";
+      os << "= args\n";
+    }
+    os << "  args.clear()\n";
+    del(os, 0);
+  } else {
+    for (size_t i = 0; i < inputs_.size(); ++i) os << (i ? ", " : "") << inputs_[i];
+    os << "):\n";
+  }
+  for (size_t i = 0; i < statements_.size(); ++i) {
+    os << statements_[i].text;
+    del(os, i + 1);
+  }
   return os.str();
+}
+
+std::string torch_program(const Trace& trace, const std::string& name, bool boxed) {
+  ProgramWriter w(name, trace.inputs, boxed);
+  for (const auto& b : trace.bsyms) w.add_torch(b);
+  return w.str();
 }
 
 std::string torch_statement(const BoundSymbol& b) {

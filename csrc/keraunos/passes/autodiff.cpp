@@ -536,6 +536,16 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
       for (const auto& t : joint.bsyms[i].outputs())
         if (saved.count(t.get())) saved_list.push_back(t);
   split.num_saved = saved_list.size();
+  {
+    std::unordered_set<int64_t> reachable; // storages the caller or the user holds
+    for (const auto& t : flat.inputs) reachable.insert(t->storage_id);
+    std::vector<TensorRef> outs;
+    jret.at(0).collect_tensors(outs);
+    for (const auto& t : outs) reachable.insert(t->storage_id);
+    split.donatable.assign(saved_list.size() + grad_inputs.size(), false);
+    for (size_t k = 0; k < saved_list.size(); ++k)
+      split.donatable[k] = !is_input.count(saved_list[k].get()) && !reachable.count(saved_list[k]->storage_id);
+  }
 
   split.forward.inputs = flat.inputs;
   split.backward.inputs = saved_list;

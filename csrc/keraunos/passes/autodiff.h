@@ -31,6 +31,10 @@ struct GradSplit {
   };
   std::vector<Leaf> leaves;
   size_t num_saved = 0;
+  // Of the backward's inputs, the saved tensors whose memory nothing outside the pair can
+  // reach: forward intermediates sharing no storage with a forward input or a user output. The
+  // backward may let a kernel write into one after its last read (fused_program.cpp: donate).
+  std::vector<bool> donatable;
 };
 
 // Differentiates `trace` (functional: after functionalize, DCE and CSE) with respect to its

@@ -51,7 +51,27 @@ struct InputSpec {
   Shape shape, strides;
   nb::object dtype, device;
   nb::tuple shape_t, strides_t;
+  bool boxed = false; // handed over in a one-element list: an output may take its memory
 };
+
+// Whether the tensor in `box` (a one-element list the program made, dropping its own name for
+// the tensor) may lend its memory to a kernel's output: the list holds the only Python
+// reference, the Python object the only C++ one (autograd's saved variable adds one under
+// retain_graph), and no other tensor uses its storage (a view of a base counts the base: the
+// autodiff split donates only forward intermediates whose storage nothing outside the program
+// reaches). Counted with the storage object this check makes.
+bool lendable(PyObject* box) {
+  PyObject* x = PyList_GET_ITEM(box, 0);
+  if (Py_REFCNT(x) != 1) return false;
+  nb::handle t(x);
+  if (nb::cast<int64_t>(t.attr("_use_count")()) != 1) return false;
+  const bool view = !t.attr("_base").is_none();
+  // Kept for the process (released, never decreffed: no Python call at static destruction).
+  static const nb::handle use_count =
+      nb::object(nb::module_::import_("torch").attr("_C").attr("_storage_Use_Count")).release();
+  nb::object storage = t.attr("untyped_storage")();
+  return nb::cast<int64_t>(use_count(storage.attr("_cdata"))) == (view ? 3 : 2);
+}
 
 struct OutputSpec {
   nb::tuple shape, strides;
@@ -59,6 +79,7 @@ struct OutputSpec {
   nb::tuple args;  // (shape, strides): torch.empty_strided's arguments, built once
   nb::dict kwargs; // {dtype, device}
   bool into = false; // written into a tensor passed after the inputs
+  int donor = -1;    // the boxed input whose memory it takes when that is lendable
   int64_t bytes = 0; // of the buffer the kernel writes
 };
 
@@ -117,9 +138,11 @@ public:
       ptrs = big.data();
     }
     std::vector<nb::object> keep; // relayouted inputs
+    std::vector<bool> relayouted(n_in, false);
     for (size_t i = 0; i < n_in; ++i) {
       PyObject* t = args[i].ptr();
       const InputSpec& spec = inputs[i];
+      if (spec.boxed) t = PyList_GET_ITEM(t, 0);
       PyObject* st = PyObject_CallMethodNoArgs(t, nm.stride);
       if (!st) throw nb::python_error();
       bool same = PyTuple_GET_SIZE(st) == static_cast<Py_ssize_t>(spec.strides.size());
@@ -143,6 +166,7 @@ public:
         dst.attr("copy_")(src);
         keep.push_back(fresh);
         t = fresh.ptr();
+        relayouted[i] = true;
       }
       PyObject* p = PyObject_CallMethodNoArgs(t, nm.data_ptr);
       if (!p) throw nb::python_error();
@@ -157,6 +181,9 @@ public:
       nb::object t;
       if (o.into) {
         t = nb::borrow(args[into_i++]);
+      } else if (o.donor >= 0 && !relayouted[o.donor] && lendable(args[o.donor].ptr())) {
+        t = nb::borrow(PyList_GET_ITEM(args[o.donor].ptr(), 0));
+        fresh_outs.append(t);
       } else {
         PyObject* fresh = PyObject_Call(empty_strided.ptr(), o.args.ptr(), o.kwargs.ptr());
         if (!fresh) throw nb::python_error();
@@ -167,7 +194,7 @@ public:
       if (!p) throw nb::python_error();
       ptrs[n_in + j] = reinterpret_cast<void*>(PyLong_AsUnsignedLongLong(p));
       Py_DECREF(p);
-      if (!cuda && !o.into && o.bytes >= kHugePageOutput && huge_pages_enabled())
+      if (!cuda && !o.into && o.donor < 0 && o.bytes >= kHugePageOutput && huge_pages_enabled())
         advise_huge_pages(ptrs[n_in + j], o.bytes);
     }
     if (cuda) {
@@ -223,8 +250,10 @@ void bind_fusion(nb::module_& m) {
   m.def(
       "fused_program",
       [](const Trace& trace, const std::string& name, bool cpu_fusion, bool cuda_fusion,
-         bool check_cuda_codegen, bool kernel_stages) {
+         bool check_cuda_codegen, bool kernel_stages, bool boxed, std::vector<bool> donatable) {
         codegen::FusionOptions opt;
+        opt.boxed = boxed;
+        opt.donatable = std::move(donatable);
         opt.cpu = cpu_fusion;
         opt.cuda = cuda_fusion;
         opt.cuda_twins = check_cuda_codegen;
@@ -292,6 +321,7 @@ void bind_fusion(nb::module_& m) {
             s.strides_t = int_tuple(s.strides);
             s.dtype = torch_dtype(torch, kc.inputs[i]->dtype);
             s.device = torch_device(torch, kc.inputs[i]->device);
+            s.boxed = std::count(kc.donor.begin(), kc.donor.end(), static_cast<int>(i)) > 0;
             k->inputs.push_back(std::move(s));
           }
           for (size_t j = 0; j < kc.outputs.size(); ++j) {
@@ -302,6 +332,7 @@ void bind_fusion(nb::module_& m) {
             o.dtype = torch_dtype(torch, b.dtype);
             o.device = torch_device(torch, kc.outputs[j]->device);
             o.into = kc.write_into[j] != nullptr;
+            o.donor = kc.donor[j];
             o.args = nb::make_tuple(o.shape, o.strides);
             o.kwargs["dtype"] = o.dtype;
             o.kwargs["device"] = o.device;
@@ -317,5 +348,5 @@ void bind_fusion(nb::module_& m) {
         return nb::make_tuple(fp.source, objs);
       },
       "trace"_a, "name"_a, "cpu"_a = true, "cuda"_a = true, "check_cuda_codegen"_a = false,
-      "kernel_stages"_a = false);
+      "kernel_stages"_a = false, "boxed"_a = false, "donatable"_a = std::vector<bool>{});
 }

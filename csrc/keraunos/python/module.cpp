@@ -154,8 +154,9 @@ NB_MODULE(_C, m) {
              return verify(t, o);
            },
            "functional"_a = false)
-      .def("torch_program", [](const Trace& t, const std::string& name) { return torch_program(t, name); },
-           "name"_a = "program")
+      .def("torch_program",
+           [](const Trace& t, const std::string& name, bool boxed) { return torch_program(t, name, boxed); },
+           "name"_a = "program", "boxed"_a = false)
       .def("flatten_to_prims", &flatten_to_prims);
 
   nb::class_<Builder>(m, "Builder")
@@ -240,12 +241,15 @@ NB_MODULE(_C, m) {
               leaves.append(nb::make_tuple("alias", l.input, l.identity, l.detached, l.shape,
                                            l.strides, l.offset));
           }
+          nb::list donatable;
+          for (bool d : s.donatable) donatable.append(d);
           return nb::make_tuple(std::move(s.joint), std::move(s.forward), std::move(s.backward),
-                                leaves, s.num_saved);
+                                leaves, s.num_saved, donatable);
         },
         "trace"_a, "acquired"_a, "default_float"_a = DType::Float32,
         "The joint forward + backward trace of a functional trace, and its split: (joint, "
-        "forward, backward, leaves, num_saved); leaves: per leaf of the return, ('value',), "
+        "forward, backward, leaves, num_saved, donatable); donatable: per backward input, "
+        "whether its memory may be reused after its last read; leaves: per leaf of the return, ('value',), "
         "('tensor', differentiable) or ('alias', input, identity, detached, size, stride, "
         "storage_offset).");
   m.def("recorded_write", [](const Trace& acquired) -> std::optional<std::string> {
