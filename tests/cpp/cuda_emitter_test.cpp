@@ -373,15 +373,39 @@ TEST(CudaEmitter, ColumnReductionsOfFewColumnsSplitEachColumnOverThreads) {
   // 2048 columns of 4096 rows (a bias gradient): too few columns for a thread each to fill the
   // device; 32 columns per block, each column's rows split 32 ways and combined in shared memory.
   const Kernel k = column_max(4096, 2048);
-  const CudaKernelSource s = emit_cuda(k, kH200);
+  codegen::CudaDeviceInfo one_block = kH200;
+  one_block.column_cluster = 1;
+  const CudaKernelSource s = emit_cuda(k, one_block);
   EXPECT_EQ(s.schedule, "column");
   EXPECT_EQ(s.launch.block[0], 32u);
   EXPECT_EQ(s.launch.block[1], 32u);
   EXPECT_EQ(s.launch.grid[0], 64u);
+  EXPECT_EQ(s.launch.grid[1], 1u);
   const std::string src = kernels(s);
   EXPECT_TRUE(has(src, "kr_r = threadIdx.y; kr_r < 4096; kr_r += 32")) << src;
   EXPECT_TRUE(has(src, "kr_column_allreduce<KR_MAX, 32, float>")) << src;
   EXPECT_TRUE(has(src, "if (kr_in && threadIdx.y == 0)")) << src;
+  EXPECT_FALSE(has(src, "__cluster_dims__")) << src;
+  EXPECT_COMPILES(k);
+}
+
+TEST(CudaEmitter, ColumnReductionsOfFewColumnsSplitTheRowsOverACluster) {
+  // 64 blocks of 32 columns would leave half the SMs idle: clusters of 8 blocks (blockIdx.y)
+  // take every eighth share of 32 rows, combined over distributed shared memory; only the
+  // cluster's first block stores. Clusters stop growing at two blocks per SM (8192 columns: 256
+  // blocks, so clusters of 2) and at 16 rows per thread (100 rows split 2 ways: 2 blocks).
+  const Kernel k = column_max(4096, 2048);
+  const CudaKernelSource s = emit_cuda(k, kH200);
+  EXPECT_EQ(s.schedule, "column");
+  EXPECT_EQ(s.launch.grid[0], 64u);
+  EXPECT_EQ(s.launch.grid[1], 8u);
+  const std::string src = kernels(s);
+  EXPECT_TRUE(has(src, "__cluster_dims__(1, 8, 1)")) << src;
+  EXPECT_TRUE(has(src, "kr_r = blockIdx.y * 32 + threadIdx.y; kr_r < 4096; kr_r += 256")) << src;
+  EXPECT_TRUE(has(src, "kr_cluster_column_allreduce<KR_MAX, 8, float>")) << src;
+  EXPECT_TRUE(has(src, "if (kr_in && threadIdx.y == 0 && blockIdx.y == 0)")) << src;
+  EXPECT_EQ(emit_cuda(column_max(4096, 8192), kH200).launch.grid[1], 2u);
+  EXPECT_EQ(emit_cuda(column_max(100, 2048), kH200).launch.grid[1], 2u);
   EXPECT_COMPILES(k);
 }
 

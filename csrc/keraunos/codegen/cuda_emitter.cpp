@@ -47,6 +47,7 @@ void apply_cuda_tuning(CudaDeviceInfo& info, const std::string& spec) {
       {"cluster_prefetch", &CudaDeviceInfo::cluster_prefetch},
       {"cluster_async_reduce", &CudaDeviceInfo::cluster_async_reduce},
       {"reuse_values", &CudaDeviceInfo::reuse_values},
+      {"column_cluster", &CudaDeviceInfo::column_cluster},
   };
   for (const auto& [key, v] : options::tuning("cuda_tune", spec)) {
     auto f = std::find_if(std::begin(kFields), std::end(kFields),
@@ -127,10 +128,20 @@ CudaKernelSource emit_cuda(const kir::Kernel& k, const CudaDeviceInfo& dev) {
       r.schedule = "column";
       const int ny = static_cast<int>(std::clamp<int64_t>(
           pow2_ceil((longest + 127) / 128), 2, std::min(32, dev.max_threads_per_block / 32)));
+      // Fewer than two blocks of 32 columns per SM: a cluster of blocks splits each column's
+      // rows (at least 16 rows per thread), combined through distributed shared memory (an
+      // MLP's fc1 bias gradient has 8k columns of 8k rows: 256 blocks for 132 SMs).
+      const int64_t col_blocks = (a.points + 31) / 32;
+      int cl = 1;
+      if (dev.major >= 9)
+        while (cl * 2 <= std::min(dev.column_cluster, dev.max_cluster) &&
+               col_blocks * cl < 2 * dev.sm_count && longest >= int64_t{16} * ny * cl * 2)
+          cl *= 2;
       r.launch.block[0] = 32;
       r.launch.block[1] = static_cast<unsigned>(ny);
-      r.launch.grid[0] = clamp_grid((a.points + 31) / 32);
-      emit_column_kernel(e, r.entry, ny);
+      r.launch.grid[0] = clamp_grid(col_blocks);
+      r.launch.grid[1] = static_cast<unsigned>(cl);
+      emit_column_kernel(e, r.entry, ny, cl);
     } else if (longest <= 16 || columns || scan) {
       r.schedule = "thread";
       r.launch = grid_stride_launch(a.points);

@@ -93,6 +93,9 @@ struct CudaDeviceInfo {
   // Rows cached in shared memory are filled with cp.async, the next row's copies issued as soon
   // as the current row's last read of the cache is done (0: plain loads).
   int cluster_prefetch = 1;
+  // Column schedule: at most this many blocks of a cluster take the rows of the same 32 columns
+  // when the columns alone give fewer than two blocks per SM (1: none).
+  int column_cluster = 8;
   // Cluster all-reduces: warps send their values to every block's buffer with st.async and each
   // block waits on an mbarrier (1), or a block all-reduce then a cluster barrier (0).
   int cluster_async_reduce = 1;

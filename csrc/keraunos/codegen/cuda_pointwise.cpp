@@ -54,13 +54,19 @@ bool column_schedulable(const Analysis& a) {
   return true;
 }
 
-void emit_column_kernel(Emitter& e, const std::string& name, int ny) {
+void emit_column_kernel(Emitter& e, const std::string& name, int ny, int cl) {
   Out& o = e.out;
   const std::string points = std::to_string(e.a.points) + e.fsuf();
-  o.line(0, "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(32 * ny) + ") " +
-                name + "(" + e.params() + ") {");
+  const std::string cluster_attr = cl > 1 ? "__cluster_dims__(1, " + std::to_string(cl) + ", 1) " : "";
+  o.line(0, "extern \"C\" __global__ void " + cluster_attr + "__launch_bounds__(" +
+                std::to_string(32 * ny) + ") " + name + "(" + e.params() + ") {");
   // One 8-byte slot per thread holds any accumulator type.
   o.line(1, "__shared__ long long kr_col[" + std::to_string(32 * ny) + "];");
+  if (cl > 1) {
+    // The cluster's blocks (blockIdx.y) take every cl-th share of ny rows of the same columns.
+    o.line(1, "__shared__ long long kr_ccol[64];");
+    o.line(1, "int kr_phase = 0;");
+  }
   // Every thread of the block walks the same tiles of points (the barriers need them all).
   o.line(1, "for (" + e.ft() + " kr_p0 = (" + e.ft() + ")blockIdx.x * 32" + e.fsuf() + "; kr_p0 < " +
                 points + "; kr_p0 += (" + e.ft() + ")gridDim.x * 32" + e.fsuf() + ") {");
@@ -69,9 +75,11 @@ void emit_column_kernel(Emitter& e, const std::string& name, int ny) {
   o.line(2, "const " + e.ft() + " kr_p = kr_in ? kr_p0 + threadIdx.x : " + points + " - 1" +
                 e.fsuf() + ";");
   e.recover(dims_of(e.a.grid), "kr_p", 2);
+  const std::string first_row = cl > 1 ? "blockIdx.y * " + std::to_string(ny) + " + threadIdx.y" : "threadIdx.y";
   for (const Stmt& s : *e.a.point) {
     if (s.kind == Stmt::Kind::Store) {
-      o.line(2, "if (kr_in && threadIdx.y == 0) " + e.store_line(s.store));
+      o.line(2, "if (kr_in && threadIdx.y == 0" + std::string(cl > 1 ? " && blockIdx.y == 0" : "") +
+                    ") " + e.store_line(s.store));
       continue;
     }
     if (s.kind != Stmt::Kind::Loop) {
@@ -79,8 +87,8 @@ void emit_column_kernel(Emitter& e, const std::string& name, int ny) {
       continue;
     }
     const LoopNest nest = nest_of(s.loop.get());
-    o.line(2, "for (" + e.vt() + " kr_r = threadIdx.y; kr_r < " + std::to_string(nest.extent) +
-                  "; kr_r += " + std::to_string(ny) + ") {");
+    o.line(2, "for (" + e.vt() + " kr_r = " + first_row + "; kr_r < " + std::to_string(nest.extent) +
+                  "; kr_r += " + std::to_string(ny * cl) + ") {");
     e.recover(dims_of(nest), "kr_r", 3);
     e.serial(*nest.body, 3);
     o.line(2, "}");
@@ -95,9 +103,13 @@ void emit_column_kernel(Emitter& e, const std::string& name, int ny) {
       const std::string t = kir::ctype(e.acc_dtype(acc));
       o.line(2, acc + " = kr_column_allreduce<" + op_macro(op) + ", " + std::to_string(ny) + ", " +
                     t + ">(" + acc + ", reinterpret_cast<" + t + "*>(kr_col));");
+      if (cl > 1)
+        o.line(2, acc + " = kr_cluster_column_allreduce<" + op_macro(op) + ", " + std::to_string(cl) +
+                      ", " + t + ">(" + acc + ", kr_ccol, kr_phase);");
     }
   }
   o.line(1, "}");
+  if (cl > 1) o.line(1, "kr_cluster_sync();");
   o.line(0, "}");
 }
 

@@ -499,9 +499,10 @@ void emit_grid_stride(Emitter& e, const std::string& name, int threads);
 // outer points (threadIdx.x; their loads coalesce) and splits each point's reduction loops ny
 // ways (threadIdx.y), combining the parts through shared memory. For points whose loops read
 // along the outer points (a bias gradient's sum over rows) when there are too few points for
-// one thread each to fill the device.
+// one thread each to fill the device. With cl > 1 (sm_90+), a cluster of cl blocks along y
+// splits the rows as well, the blocks' partials combined over distributed shared memory.
 bool column_schedulable(const Analysis& a);
-void emit_column_kernel(Emitter& e, const std::string& name, int ny);
+void emit_column_kernel(Emitter& e, const std::string& name, int ny, int cl);
 
 
 // A load of a cat's part along the innermost grid loop (kir::ExprKind::Clamp); see

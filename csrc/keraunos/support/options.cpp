@@ -90,6 +90,9 @@ constexpr TuningKey kTuningKeys[] = {
     {"cuda_tune", "cluster_async_reduce", 0, 1, false, false, true,
      "Cluster all-reduces through st.async and an mbarrier (0: a block all-reduce, then a "
      "cluster barrier)."},
+    {"cuda_tune", "column_cluster", 1, 16, true, false, false,
+     "Column schedule: at most this many blocks of a cluster split the rows of the same 32 "
+     "columns when there are too few columns to fill the device (1: a block per 32 columns)."},
     {"cuda_tune", "reuse_values", 0, 1, false, false, true,
      "Row schedules: an expensive value a later loop computes again (softmax's exp(x - max)) "
      "is kept in registers (0: recomputed)."},

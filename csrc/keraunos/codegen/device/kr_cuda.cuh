@@ -376,6 +376,26 @@ template <int OP, int C, class T> KR_DEVICE T kr_cluster_allreduce(T v, long lon
   return kr_warp_allreduce<OP, C, T>(r);
 }
 
+// The column schedule over a cluster of C blocks along y (each block sums its share of every
+// column's rows): each block's 32 column partials (kr_column_allreduce's results) go to a
+// shared row of slots; after a cluster barrier every thread combines its column's C partials
+// from the blocks of the cluster in rank order, the same order in every block, so every block
+// gets the same bits. Two rows of slots alternate (`phase`), as in kr_cluster_allreduce; the
+// kernel ends with kr_cluster_sync() so that no block leaves while its slots are read.
+template <int OP, int C, class T> KR_DEVICE T kr_cluster_column_allreduce(T v, long long* slots,
+                                                                          int& phase) {
+  static_assert(sizeof(T) <= sizeof(long long), "accumulators are at most 8 bytes");
+  static_assert(C >= 2 && C <= 16, "clusters of 2..16 blocks");
+  T* slot = reinterpret_cast<T*>(slots + phase * 32) + threadIdx.x;
+  phase ^= 1;
+  if (threadIdx.y == 0) *slot = v;
+  kr_cluster_sync();
+  T r = *kr_map_rank(slot, 0);
+#pragma unroll
+  for (int c = 1; c < C; ++c) r = kr_combine<OP, T>(r, *kr_map_rank(slot, c));
+  return r;
+}
+
 // The cluster all-reduce without block or cluster barriers (the kernel sets it up with
 // kr_cluster_reduce_init). Every warp reduces its threads' values; lane c < C sends the warp's
 // value to block c's buffer with st.async, which completes the bytes on that block's mbarrier;
