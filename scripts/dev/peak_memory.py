@@ -72,9 +72,27 @@ def main():
     print(f"# {a.case}: {label}")
     for kind in a.kinds.split(","):
         run = train.runner(kind, fn)
-        for _ in range(2):
-            train.step(run, params, args)
+        train.step(run, params, args)
+        # What a step leaves allocated besides the parameters' gradients (held between steps).
         torch.cuda.synchronize()
+        torch.cuda.memory._record_memory_history(max_entries=200000)
+        train.step(run, params, args)
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        grads = {p.grad.data_ptr() for p in params if p.grad is not None}
+        kept = {}
+        for e in snap["device_traces"][0]:
+            if e["action"] == "alloc":
+                kept[e["addr"]] = e
+            elif e["action"] == "free_completed":
+                kept.pop(e["addr"], None)
+        kept = [e for a, e in kept.items() if a not in grads]
+        srcs = sources(run) if kind == "keraunos" else {}
+        held = sum(e["size"] for e in kept)
+        print(f"\n## {kind}: a step leaves {held / 2**20:.1f} MiB allocated besides the gradients")
+        for e in sorted(kept, key=lambda e: -e["size"])[:8]:
+            print(f"  {e['size'] / 2**20:9.1f} MiB  {where(e.get('frames', []), srcs)}")
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated()
         torch.cuda.memory._record_memory_history(max_entries=200000)

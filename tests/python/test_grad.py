@@ -5,6 +5,8 @@ inputs that get no gradient)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -385,6 +387,29 @@ def test_backward_kernels_reuse_the_memory_of_saved_tensors(monkeypatch):
     torch.testing.assert_close(
         next(t for t in kept if t.shape == (16, 32)), x.detach() @ w.detach()
     )
+
+
+def test_a_float32_cross_entropy_saves_the_logits_not_the_shifted_logits():
+    """The rematerialization cut weighs a tensor that exists only inside a fused kernel twice
+    (keeping it adds a store): a float32 cross-entropy keeps the matmul's logits and the row
+    statistics, and its forward kernels store no [N, V] tensor (before: the shifted logits, as
+    many bytes as the logits, were stored for the backward)."""
+
+    def f(x, w, t):
+        return F.cross_entropy(x @ w, t)
+
+    x, w, t = r(64, 16), r(16, 200), idx(200, 64)
+    jf = keraunos.jit(f)
+    jf(x, w, t).backward()
+    fwd = next(
+        p for p in keraunos.last_traces(jf) if getattr(p, "source", "").startswith("def forward")
+    )
+    assert not any(re.search(r"out\d+: f32\[64, 200\]", k.ir) for k in fwd.kernels), [
+        k.ir for k in fwd.kernels
+    ]
+    xe, we = x.detach().requires_grad_(), w.detach().requires_grad_()
+    f(xe, we, t).backward()
+    torch.testing.assert_close((x.grad, w.grad), (xe.grad, we.grad))
 
 
 def test_no_grad_and_requires_grad_changes():

@@ -201,9 +201,31 @@ void remat(const Trace& joint, const std::unordered_map<const TensorProxy*, size
   FlowGraph g(2 * n + 2);
   std::unordered_set<const TensorProxy*> is_input;
   for (const auto& t : inputs) is_input.insert(t.get());
+  // A tensor the forward materializes anyway (a matmul's or a torch call's result, a view of
+  // one, an operand of one) costs its bytes to keep; one that lives only inside a fused
+  // kernel costs twice (keeping it adds a store), as in torch's partitioner: a float32
+  // cross-entropy keeps the matmul's logits and the row maximum rather than the shifted logits.
+  std::unordered_set<const TensorProxy*> materialized(is_input.begin(), is_input.end());
+  auto fusible = [](const BoundSymbol& b) {
+    const OpDef& d = b.def();
+    return d.is_prim() && !has_effect(b) && d.has(tags::E | tags::M | tags::R | tags::D | tags::Scan) &&
+           !d.has(tags::T);
+  };
+  for (size_t i : symbols) {
+    const BoundSymbol& b = joint.bsyms[i];
+    const bool view = b.def().has(tags::M) && !b.def().has(tags::E);
+    bool made = !fusible(b);
+    if (view)
+      for (const auto& x : b.inputs()) made = made || materialized.count(x.get());
+    if (made)
+      for (const auto& o : b.outputs()) materialized.insert(o.get());
+    if (!fusible(b))
+      for (const auto& x : b.inputs()) materialized.insert(x.get());
+  }
   for (int k = 0; k < n; ++k) {
     const TensorProxy* t = tensors[k];
-    g.edge(2 * k, 2 * k + 1, is_input.count(t) ? 0 : 2 * memory_bytes(*t) + 1);
+    const int64_t bytes = memory_bytes(*t) * (materialized.count(t) ? 1 : 2);
+    g.edge(2 * k, 2 * k + 1, is_input.count(t) ? 0 : 2 * bytes + 1);
     // Inputs, and tensors of other programs (none in a joint trace), come from the source.
     if (!definer.count(t)) g.edge(src, 2 * k, FlowGraph::kInf);
   }
