@@ -5,14 +5,11 @@ the command line, by default with 4 samples and kernels for both fusion types). 
 except the known ones below (strict: an op listed here that passes fails the test, so that
 the list shrinks as they are fixed)."""
 
-import importlib.util
 import os
-import pathlib
 import time
 
-import pytest
+from xfail_check import check_known_failures, load_script
 
-_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "opinfo_sweep.py"
 SAMPLES = int(os.environ.get("KERAUNOS_OPINFO_SAMPLES", "4"))
 # (fusion type, generated kernels)
 CONFIGS = [("consecutive", True), ("dataflow", False)]
@@ -21,18 +18,11 @@ CONFIGS = [("consecutive", True), ("dataflow", False)]
 XFAIL: dict[str, str] = {}
 
 
-def _sweep_module():
-    spec = importlib.util.spec_from_file_location("opinfo_sweep", _SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_opinfo_against_eager(monkeypatch, capsys):
     # tests/python check CUDA code generation through NVRTC; here it would add an NVRTC
     # compilation to each of the sweep's ~1000 kernels.
     monkeypatch.setenv("KERAUNOS_CHECK_CUDA_CODEGEN", "0")
-    sweep = _sweep_module()
+    sweep = load_script("opinfo_sweep")
     ops = sweep.op_db()
     t0 = time.perf_counter()
     results, timing = [], []
@@ -56,20 +46,4 @@ def test_opinfo_against_eager(monkeypatch, capsys):
         sweep.report(result)
         print(f"time: {time.perf_counter() - t0:.0f} s ({', '.join(timing)})")
 
-    failing = {
-        name: o["first"]
-        for name, o in result["ops"].items()
-        if o["status"] in ("internal", "wrong")
-    }
-    new = {k: v for k, v in failing.items() if k not in XFAIL}
-    fixed = sorted(k for k in XFAIL if k in result["ops"] and k not in failing)
-    msg = []
-    if new:
-        msg.append(
-            "new wrong results or internal errors:\n"
-            + "\n".join(f"  {k}: {v}" for k, v in sorted(new.items()))
-        )
-    if fixed:
-        msg.append(f"listed in XFAIL but passing now (remove them): {fixed}")
-    if msg:
-        pytest.fail("\n".join(msg))
+    check_known_failures(result, XFAIL, "wrong results")

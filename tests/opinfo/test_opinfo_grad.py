@@ -7,13 +7,10 @@ dependent split, a random torch call, a write autograd must see) and refusals ar
 counted; wrong gradients and internal errors are not, except the known ones below (strict: an
 op listed here that passes fails the test)."""
 
-import importlib.util
 import os
-import pathlib
 
-import pytest
+from xfail_check import check_known_failures, load_script
 
-_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "opinfo_grad_sweep.py"
 SAMPLES = int(os.environ.get("KERAUNOS_OPINFO_GRAD_SAMPLES", "2"))
 
 # op name -> why it fails today.
@@ -24,36 +21,13 @@ XFAIL: dict[str, str] = {
 }
 
 
-def _sweep_module():
-    spec = importlib.util.spec_from_file_location("opinfo_grad_sweep", _SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_opinfo_gradients_against_eager(monkeypatch, capsys):
     monkeypatch.setenv("KERAUNOS_CHECK_CUDA_CODEGEN", "0")
-    sweep = _sweep_module()
+    sweep = load_script("opinfo_grad_sweep")
     result = sweep.sweep(sweep.fwd.op_db(), samples=SAMPLES)
     with capsys.disabled():  # the totals belong in the CI log
         by = sweep.report(result)
-    failing = {
-        name: o["first"]
-        for name, o in result["ops"].items()
-        if o["status"] in ("internal", "wrong")
-    }
-    new = {k: v for k, v in failing.items() if k not in XFAIL}
-    fixed = sorted(k for k in XFAIL if k in result["ops"] and k not in failing)
-    msg = []
-    if new:
-        msg.append(
-            "new wrong gradients or internal errors:\n"
-            + "\n".join(f"  {k}: {v}" for k, v in sorted(new.items()))
-        )
-    if fixed:
-        msg.append(f"listed in XFAIL but passing now (remove them): {fixed}")
-    if msg:
-        pytest.fail("\n".join(msg))
+    check_known_failures(result, XFAIL, "wrong gradients")
     # Most differentiable ops run their backward compiled: a regression that sends them all
     # through torch fails here.
     assert by.get("pass", 0) >= 0.9 * len(result["ops"]), by
