@@ -143,28 +143,30 @@ def set_rng_state(state):
     torch.set_rng_state(state)
 
 
+def _vjp_leaves(a, want, leaves, seen):
+    """`a` with the tensors at positions `want` (counted in order) replaced by detached leaves
+    that require grad, appended to `leaves`. (A module function: a recursive closure would
+    make a reference cycle that keeps the leaves, and the memory they share with the
+    program's tensors, until the cyclic garbage collector runs.)"""
+    if isinstance(a, torch.Tensor):
+        i = seen[0]
+        seen[0] += 1
+        if i in want:
+            t = a.detach().requires_grad_()
+            leaves.append(t)
+            return t
+        return a
+    if isinstance(a, (list, tuple)):
+        return type(a)(_vjp_leaves(e, want, leaves, seen) for e in a)
+    return a
+
+
 def torch_vjp(op, args, grads, wrt):
     """The backward of an op that runs through torch (prims torch_vjp): the op again, on its
     recorded arguments, under autograd; the gradients of the tensors of `args` (in order) at
     positions `wrt`, given `grads`, the gradients of its float outputs."""
-    want = set(wrt)
     leaves = []
-    seen = [0]
-
-    def rebuild(a):
-        if isinstance(a, torch.Tensor):
-            i = seen[0]
-            seen[0] += 1
-            if i in want:
-                t = a.detach().requires_grad_()
-                leaves.append(t)
-                return t
-            return a
-        if isinstance(a, (list, tuple)):
-            return type(a)(rebuild(e) for e in a)
-        return a
-
-    args = rebuild(list(args))
+    args = _vjp_leaves(list(args), set(wrt), leaves, [0])
     with torch.enable_grad():
         out = fallback(*args) if op == "torch_fallback" else _op_call(op)(args)
     outs = out if isinstance(out, (list, tuple)) else [out]
