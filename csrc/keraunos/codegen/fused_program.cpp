@@ -197,9 +197,8 @@ void donate(std::vector<PStep>& steps, FusedProgram& fp, const Trace& trace, con
   for (size_t i = 0; i < trace.inputs.size() && i < donatable.size(); ++i)
     if (donatable[i]) candidates.insert(trace.inputs[i].get());
   if (candidates.empty()) return;
-  std::unordered_map<const TensorProxy*, size_t> last; // the last step naming it
-  std::vector<TensorRef> returned;
-  trace.output().collect_tensors(returned);
+  // The last step naming each tensor (the return is a step: what it returns is never lent).
+  std::unordered_map<const TensorProxy*, size_t> last;
   for (size_t s = 0; s < steps.size(); ++s) {
     if (steps[s].dropped) continue;
     for (const auto& in : step_inputs(steps[s], fp)) last[in.get()] = s;
@@ -207,7 +206,6 @@ void donate(std::vector<PStep>& steps, FusedProgram& fp, const Trace& trace, con
       for (const auto& t : fp.kernels[steps[s].kernel].write_into)
         if (t) last[t.get()] = s;
   }
-  for (const auto& t : returned) last[t.get()] = steps.size();
   for (size_t s = 0; s < steps.size(); ++s) {
     if (steps[s].dropped || steps[s].kernel < 0) continue;
     KernelCall& kc = fp.kernels[steps[s].kernel];

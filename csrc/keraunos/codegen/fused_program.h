@@ -20,11 +20,11 @@ struct FusionOptions {
   bool cuda = true; // claim regions on CUDA tensors
   bool cuda_twins = false; // also lower CPU regions for CUDA (KernelCall::cuda_twin)
   bool kernel_stages = false; // record each kernel after every kernel pass (KernelCall::stages)
-  // `def <name>(args, donate)`: the program takes its inputs as a list and empties it.
+  // `def <name>(args)`: the program takes its inputs as a list and empties it.
   bool boxed = false;
   // Of a boxed program's inputs, those whose memory a kernel may reuse once it has read them
-  // for the last time (saved tensors that alias nothing the user holds); `donate` says at run
-  // time whether it may (autograd keeps no other reference: no retain_graph).
+  // for the last time (saved tensors that alias nothing the user holds); the kernel checks at
+  // run time that nothing else references the tensor (bind_fusion.cpp: lendable).
   std::vector<bool> donatable;
 };
 

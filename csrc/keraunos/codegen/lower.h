@@ -29,7 +29,7 @@ struct KernelCall {
   std::vector<TensorRef> write_into;
   // Outputs that may take the memory of an input the program reads for the last time (a
   // backward's saved tensor, fused_program.cpp: donate): for each output, that input's index,
-  // or -1. The kernel then takes a trailing `donate` flag and checks the tensor at run time.
+  // or -1. The program passes that input in a one-element list; the kernel checks it at run time.
   std::vector<int> donor;
   // With FusionOptions::cuda_twins, for a CPU kernel: the same region's kernel lowered for CUDA
   // (what a GPU would run; CI without a GPU compiles it through NVRTC). Null otherwise.

@@ -214,12 +214,13 @@ void remat(const Trace& joint, const std::unordered_map<const TensorProxy*, size
   for (size_t i : symbols) {
     const BoundSymbol& b = joint.bsyms[i];
     const bool view = b.def().has(tags::M) && !b.def().has(tags::E);
-    bool made = !fusible(b);
+    const bool fuses = fusible(b);
+    bool made = !fuses;
     if (view)
       for (const auto& x : b.inputs()) made = made || materialized.count(x.get());
     if (made)
       for (const auto& o : b.outputs()) materialized.insert(o.get());
-    if (!fusible(b))
+    if (!fuses)
       for (const auto& x : b.inputs()) materialized.insert(x.get());
   }
   for (int k = 0; k < n; ++k) {
