@@ -1,6 +1,7 @@
 """Helpers the torch executor's generated programs call where torch has no one-to-one
 function for a keraunos op (reflected operands, canonical argument orders)."""
 
+import contextlib
 import functools
 import operator
 import sys
@@ -143,38 +144,84 @@ def set_rng_state(state):
     torch.set_rng_state(state)
 
 
-def _vjp_leaves(a, want, leaves, seen):
+def _vjp_leaves(a, want, leaves, seen, grad=True):
     """`a` with the tensors at positions `want` (counted in order) replaced by detached leaves
-    that require grad, appended to `leaves`. (A module function: a recursive closure would
-    make a reference cycle that keeps the leaves, and the memory they share with the
-    program's tensors, until the cyclic garbage collector runs.)"""
+    (that require grad when `grad`), appended to `leaves`. (A module function: a recursive
+    closure would make a reference cycle that keeps the leaves, and the memory they share
+    with the program's tensors, until the cyclic garbage collector runs.)"""
     if isinstance(a, torch.Tensor):
         i = seen[0]
         seen[0] += 1
         if i in want:
-            t = a.detach().requires_grad_()
+            t = a.detach().requires_grad_(grad)
             leaves.append(t)
             return t
         return a
     if isinstance(a, (list, tuple)):
-        return type(a)(_vjp_leaves(e, want, leaves, seen) for e in a)
+        return type(a)(_vjp_leaves(e, want, leaves, seen, grad) for e in a)
     return a
 
 
-def torch_vjp(op, args, grads, wrt):
-    """The backward of an op that runs through torch (prims torch_vjp): the op again, on its
-    recorded arguments, under autograd; the gradients of the tensors of `args` (in order) at
-    positions `wrt`, given `grads`, the gradients of its float outputs."""
-    leaves = []
-    args = _vjp_leaves(list(args), set(wrt), leaves, [0])
-    with torch.enable_grad():
-        out = fallback(*args) if op == "torch_fallback" else _op_call(op)(args)
+def _flat_tensors(a, out):
+    if isinstance(a, torch.Tensor):
+        out.append(a)
+    elif isinstance(a, (list, tuple)):
+        for e in a:
+            _flat_tensors(e, out)
+    return out
+
+
+def _torch_call(op, args):
+    return fallback(*args) if op == "torch_fallback" else _op_call(op)(args)
+
+
+def _tensors(out):
     outs = out if isinstance(out, (list, tuple)) else [out]
-    outs = [o for o in outs if isinstance(o, torch.Tensor) and o.is_floating_point()]
-    pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
-    gs = torch.autograd.grad(
-        [o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True
-    )
+    return [o for o in outs if isinstance(o, torch.Tensor)]
+
+
+def torch_vjp_record(op, args, wrt):
+    """An op that runs through torch, in the forward of a program autograd records (prims
+    torch_vjp_record): its tensor outputs (detached), its float outputs with their autograd
+    graph, and the graph's leaves (the tensors of `args` at positions `wrt`). torch_vjp hands
+    the graph to torch.autograd.grad in the backward.
+
+    Where saved-tensor hooks are active (torch.utils.checkpoint, save_on_cpu), the saved
+    tensors may come back as copies without their graph: nothing is recorded (the leaves do
+    not require grad) and torch_vjp runs the op again instead."""
+    record = torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+    leaves = []
+    args = _vjp_leaves(list(args), set(wrt), leaves, [0], record)
+    with torch.enable_grad() if record else contextlib.nullcontext():
+        outs = _tensors(_torch_call(op, args))
+    return [
+        *(o.detach() for o in outs),
+        *(o for o in outs if o.is_floating_point()),
+        *leaves,
+    ]
+
+
+def torch_vjp(op, args, graph, grads, wrt):
+    """The backward of an op that runs through torch (prims torch_vjp): the gradients of the
+    tensors of `args` (in order) at positions `wrt`, the leaves torch_vjp_record made, given
+    `grads`, the gradients of its float outputs `graph`. Where the forward recorded no graph,
+    the op runs again on `args` under autograd."""
+    leaves = [t for i, t in enumerate(_flat_tensors(args, [])) if i in wrt]
+    if not all(t.requires_grad and t.is_leaf for t in leaves):
+        leaves = []
+        args = _vjp_leaves(list(args), set(wrt), leaves, [0])
+        with torch.enable_grad():
+            graph = [o for o in _tensors(_torch_call(op, args)) if o.is_floating_point()]
+    pairs = [(o, g) for o, g in zip(graph, grads) if o.requires_grad]
+    gs = [None] * len(leaves)
+    if pairs:
+        gs = torch.autograd.grad(
+            [o for o, _ in pairs],
+            leaves,
+            [g for _, g in pairs],
+            allow_unused=True,
+            retain_graph=torch._C._autograd._get_current_graph_task_keep_graph(),
+        )
     return [torch.zeros_like(t) if g is None else g for g, t in zip(gs, leaves)]
 
 

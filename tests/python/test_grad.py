@@ -427,6 +427,143 @@ def test_a_torch_backward_leaves_no_saved_memory_behind():
             gc.enable()
 
 
+class _CountAttention(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the aten calls of scaled_dot_product_attention's forward and backward kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "scaled_dot_product" in str(func):
+            self.calls[str(func)] = self.calls.get(str(func), 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _attention_step(x, wq, wk):
+    q = (x @ wq) * 0.5
+    k = x @ wk
+    y = F.scaled_dot_product_attention(q, k, x, is_causal=True)
+    return (y.square() + q.exp()).sum()
+
+
+def _attention_inputs():
+    return r(2, 3, 16, 8), r(8, 8), r(8, 8)
+
+
+def _grads_of(fn, inputs, **backward):
+    xs = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*xs)
+    out.backward(**backward)
+    return out, [t.grad for t in xs], xs
+
+
+def test_a_torch_op_runs_its_forward_once_and_torchs_backward():
+    """An op that runs through torch (SDPA) runs under autograd in the forward program
+    (torch_vjp_record) and the backward hands its graph to torch.autograd.grad: its forward
+    kernel runs once per step, as in eager (before, the backward ran it again). Its input q
+    is last read by an elementwise op after it, which must not overwrite the memory the graph
+    keeps."""
+    inputs = _attention_inputs()
+    jf = keraunos.jit(_attention_step)
+    _grads_of(jf, inputs)  # compiles
+    assert keraunos.compile_stats(jf)["grad_fallback"] is None
+    sources = "\n".join(_program_sources(jf))
+    assert "_kr.torch_vjp_record('scaled_dot_product_attention'" in sources
+    counts = []
+    for fn in (_attention_step, jf):
+        with _CountAttention() as c:
+            out, grads, _ = _grads_of(fn, inputs)
+        counts.append(c.calls)
+        if fn is _attention_step:
+            expected = (out, grads)
+    assert counts[0] == counts[1], counts
+    torch.testing.assert_close(out, expected[0])
+    for g, e in zip(grads, expected[1]):
+        torch.testing.assert_close(g, e)
+
+
+def test_a_recorded_torch_op_under_retain_graph_and_saved_tensor_hooks():
+    """retain_graph keeps the recorded graph for a second backward (gradients twice eager's);
+    with saved-tensor hooks active (here: copies, as save_on_cpu makes on a GPU) nothing is
+    recorded and the backward runs the op again: gradients equal eager's either way."""
+    inputs = _attention_inputs()
+    jf = keraunos.jit(_attention_step)
+    for kwargs in ({}, {"retain_graph": True}):
+        xs_e = [t.detach().clone().requires_grad_() for t in inputs]
+        xs_k = [t.detach().clone().requires_grad_() for t in inputs]
+        outs = [_attention_step(*xs_e), jf(*xs_k)]
+        for o in outs:
+            o.backward(**kwargs)
+            if kwargs:
+                o.backward()
+        for a, b in zip(xs_e, xs_k):
+            torch.testing.assert_close(b.grad, a.grad)
+    copies = torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t)
+    expected = _grads_of(_attention_step, inputs)[1]
+    with copies:
+        _, got, _ = _grads_of(jf, inputs)
+    with _CountAttention() as c, copies:
+        _grads_of(jf, inputs)
+    assert c.calls["aten._scaled_dot_product_flash_attention_for_cpu.default"] == 2 or DEV != "cpu"
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
+def test_a_recorded_torch_op_sees_a_write_into_its_saved_output():
+    """SDPA saves its output for its backward: eager's autograd raises when the output is
+    written in place before the backward, and so does the recorded graph."""
+
+    def f(q):
+        return F.scaled_dot_product_attention(q, q, q)
+
+    q = r(1, 2, 4, 8)
+    for fn in (f, keraunos.jit(f)):
+        y = fn(q)
+        y.mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+
+
+def test_a_recorded_torch_op_leaves_no_memory_behind():
+    """The recorded graph (SDPA's saved q, k, v, output and statistics) is freed when the
+    backward has run, with the cyclic garbage collector off."""
+    import gc
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from keraunos import _kr
+
+    inputs = _attention_inputs()
+    jf = keraunos.jit(_attention_step)
+    _grads_of(jf, inputs)
+    storages = []
+    record = _kr.torch_vjp_record
+
+    xs = [t.detach().clone().requires_grad_() for t in inputs]
+    held = {t.untyped_storage().data_ptr() for t in xs}  # the caller's
+
+    def spy(op, args, wrt):
+        out = record(op, args, wrt)
+        for t in out:
+            if t.untyped_storage().data_ptr() not in held:
+                storages.append(StorageWeakRef(t.untyped_storage()))
+        return out
+
+    was = gc.isenabled()
+    gc.disable()
+    _kr.torch_vjp_record = spy
+    try:
+        out = jf(*xs)
+        out.backward()
+        del out
+        assert storages and all(s.expired() for s in storages), [s.expired() for s in storages]
+    finally:
+        _kr.torch_vjp_record = record
+        if was:
+            gc.enable()
+
+
 def test_a_float32_cross_entropy_saves_the_logits_not_the_shifted_logits():
     """The rematerialization cut weighs a tensor that exists only inside a fused kernel twice
     (keeping it adds a store): a float32 cross-entropy keeps the matmul's logits and the row
@@ -499,7 +636,8 @@ def test_refused_program_runs_through_torch_with_a_reason():
 
 def test_torch_calls_get_their_backward_from_torch():
     """torch.gather has no op-table entry (a torch fallback symbol) and SDPA runs through
-    torch: their backward is a torch_vjp symbol (recomputed under torch.autograd)."""
+    torch: the forward runs them under autograd (torch_vjp_record) and the backward's
+    torch_vjp symbol hands their graph to torch.autograd.grad."""
 
     def f(a, i, q):
         return torch.gather(a, 1, i).sum() + F.scaled_dot_product_attention(q, q, q).sum()
@@ -510,6 +648,7 @@ def test_torch_calls_get_their_backward_from_torch():
     assert keraunos.compile_stats(jf)["grad_fallback"] is None
     assert "_kr.torch_vjp('torch_fallback'" in "\n".join(_program_sources(jf))
     assert "_kr.torch_vjp('scaled_dot_product_attention'" in "\n".join(_program_sources(jf))
+    assert "_kr.torch_vjp_record('torch_fallback'" in "\n".join(_program_sources(jf))
     ae, qe = a.detach().clone().requires_grad_(), q.detach().clone().requires_grad_()
     f(ae, i, qe).backward()
     torch.testing.assert_close(a.grad, ae.grad)
@@ -559,6 +698,7 @@ def test_every_prim_has_a_backward_decision():
         "prim_as_strided_scatter",
         "torch_fallback_random",
         "torch_vjp",
+        "torch_vjp_record",
     }
     assert _C.grad_kind("torch_fallback") == "torch"
 

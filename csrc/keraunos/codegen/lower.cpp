@@ -1124,6 +1124,7 @@ struct RuleTable {
     torch(OpId::torch_fallback, "a torch call with no table entry");
     torch(OpId::torch_fallback_random, "a torch call with no table entry");
     torch(OpId::torch_vjp, "a torch op's backward, through torch.autograd");
+    torch(OpId::torch_vjp_record, "a torch op run under autograd for its backward");
     torch(OpId::manual_seed, "a side effect on torch's generator");
     torch(OpId::set_rng_state, "a side effect on torch's generator");
     for (KernelRule& r : rules)

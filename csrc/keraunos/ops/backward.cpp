@@ -632,6 +632,7 @@ struct GradTable {
     entries[static_cast<size_t>(OpId::torch_fallback)] = {GradKind::Torch, nullptr, nullptr};
     refuse(OpId::torch_fallback_random, "a torch call that draws random numbers");
     refuse(OpId::torch_vjp, "a backward (double backward)");
+    refuse(OpId::torch_vjp_record, "a forward that autograd records (double backward)");
   }
 };
 

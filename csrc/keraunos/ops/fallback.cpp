@@ -28,13 +28,32 @@ Arg impl_torch_vjp(Builder& b, const Arg::List& a) {
   std::vector<TensorRef> ts;
   a[1].collect_tensors(ts);
   Arg::List outs;
-  for (int64_t i : a[3].int_list()) {
+  for (int64_t i : a[4].int_list()) {
     KR_INTERNAL(i >= 0 && i < static_cast<int64_t>(ts.size()), "torch_vjp: wrt index ", i,
                 " out of range");
     const auto& t = ts[i];
     outs.push_back(Arg(b.new_tensor(t->dtype, t->device, t->shape)));
   }
   return Arg(std::move(outs));
+}
+Arg impl_torch_vjp_record(Builder& b, const Arg::List& a) {
+  const OpDef* op = find_op(a[0].as_str());
+  KR_INTERNAL(op && (op->id == OpId::torch_fallback || (!op->is_prim() && op->has(tags::T))),
+              "torch_vjp_record: ", a[0].as_str(), " does not run through torch");
+  std::vector<TensorRef> outs, ins;
+  op_impl(op->id)(b, a[1].list()).collect_tensors(outs);
+  a[1].collect_tensors(ins);
+  Arg::List r;
+  for (const auto& o : outs) r.push_back(Arg(o));
+  for (const auto& o : outs)
+    if (is_float(o->dtype)) r.push_back(Arg(b.new_view(o, o->shape, o->strides, o->storage_offset)));
+  for (int64_t i : a[2].int_list()) {
+    KR_INTERNAL(i >= 0 && i < static_cast<int64_t>(ins.size()), "torch_vjp_record: wrt index ", i,
+                " out of range");
+    const auto& t = ins[i];
+    r.push_back(Arg(b.new_view(t, t->shape, t->strides, t->storage_offset)));
+  }
+  return Arg(std::move(r));
 }
 Arg impl_manual_seed(Builder&, const Arg::List&) { return Arg(); }
 Arg impl_set_rng_state(Builder&, const Arg::List& a) {

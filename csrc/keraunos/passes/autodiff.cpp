@@ -42,7 +42,8 @@ std::string where(const BoundSymbol& b) {
 
 bool differentiable_dtype(DType d) { return is_float(d); }
 
-// Ops whose backward runs through torch (torch_vjp): a torch call with no table entry, and
+// Ops whose backward runs through torch (recorded by torch_vjp_record in the forward, handed
+// to torch.autograd.grad by torch_vjp in the backward): a torch call with no table entry, and
 // matmul-class language ops that record no prims (scaled_dot_product_attention).
 bool via_torch(const BoundSymbol& b) {
   const OpDef& d = b.def();
@@ -401,6 +402,7 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
     if (!fresh) it->second = bb.call(OpId::prim_add, {Arg(it->second), Arg(g)}).tensor();
   };
 
+  std::vector<std::pair<size_t, BoundSymbol>> recorded; // torch calls run under autograd
   for (size_t i = fwd.size(); i-- > 0;) {
     const BoundSymbol& b = fwd[i];
     if (b.op == OpId::detach) continue;
@@ -430,7 +432,41 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
                                              .tensor());
       }
       if (!any || wrt.empty()) continue;
-      Arg r = bb.call(OpId::torch_vjp, {Arg(std::string(b.def().id_name)), Arg(b.args),
+      // The forward runs the op under autograd (torch_vjp_record) and the backward hands its
+      // graph to torch.autograd.grad: the op's forward runs once, as in eager.
+      const std::string name(b.def().id_name);
+      Arg::List rec_out;
+      std::vector<TensorRef> graph, leaves;
+      for (const auto& o : b.outputs()) rec_out.push_back(Arg(o));
+      for (const auto& o : b.outputs())
+        if (differentiable_dtype(o->dtype)) {
+          graph.push_back(bb.new_view(o, o->shape, o->strides, o->storage_offset));
+          rec_out.push_back(Arg(graph.back()));
+        }
+      for (int64_t k : wrt) {
+        const TensorRef& x = ins[k];
+        leaves.push_back(bb.new_view(x, x->shape, x->strides, x->storage_offset));
+        rec_out.push_back(Arg(leaves.back()));
+      }
+      BoundSymbol rec;
+      rec.op = OpId::torch_vjp_record;
+      rec.args = {Arg(name), Arg(b.args), Arg::int_list(wrt)};
+      rec.out = Arg(std::move(rec_out));
+      rec.loc = b.loc;
+      recorded.emplace_back(i, std::move(rec));
+      // The op's arguments with the leaves in place of the tensors at `wrt`.
+      size_t pos = 0, next = 0;
+      std::function<Arg(const Arg&)> with_leaves = [&](const Arg& a) -> Arg {
+        if (a.is_tensor()) {
+          const bool leaf = next < wrt.size() && wrt[next] == static_cast<int64_t>(pos++);
+          return leaf ? Arg(leaves[next++]) : a;
+        }
+        if (!a.is_list()) return a;
+        Arg::List l;
+        for (const auto& e : a.list()) l.push_back(with_leaves(e));
+        return Arg(std::move(l));
+      };
+      Arg r = bb.call(OpId::torch_vjp, {Arg(name), with_leaves(Arg(b.args)), Arg::tensor_list(graph),
                                         Arg::tensor_list(gl), Arg::int_list(wrt)});
       const auto gs = r.tensor_list();
       for (size_t k = 0; k < wrt.size(); ++k) accumulate(ins[wrt[k]], gs[k]);
@@ -482,6 +518,7 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
   joint.inputs = flat.inputs;
   joint.inputs.insert(joint.inputs.end(), grad_inputs.begin(), grad_inputs.end());
   joint.bsyms = fwd;
+  for (auto& [i, rec] : recorded) joint.bsyms[i] = std::move(rec);
   for (auto& b : bwd_syms.bsyms) joint.bsyms.push_back(std::move(b));
   BoundSymbol ret;
   ret.op = OpId::return_;
@@ -535,8 +572,12 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
   std::vector<size_t> stack;
   for (size_t i = 0; i < in_fwd.size(); ++i)
     if (!in_fwd[i]) in_bwd[i] = true;
+  std::unordered_set<const TensorProxy*> used; // the cut's saved tensors the backward reads
   auto reach = [&](const TensorRef& t) {
-    if (saved.count(t.get())) return;
+    if (saved.count(t.get())) {
+      used.insert(t.get());
+      return;
+    }
     auto it = definer.find(t.get());
     if (it != definer.end() && !in_bwd[it->second]) {
       in_bwd[it->second] = true;
@@ -550,6 +591,9 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
     KR_INTERNAL(!has_effect(joint.bsyms[i]), "an effect recomputed in the backward");
     for (const auto& t : joint.bsyms[i].inputs()) reach(t);
   }
+  // (A program input costs nothing to keep, so the cut counts every one saved; only those
+  // the backward reads are.)
+  saved = std::move(used);
   // Saved tensors in the order the forward defines them (inputs first).
   std::vector<TensorRef> saved_list;
   for (const auto& t : flat.inputs)

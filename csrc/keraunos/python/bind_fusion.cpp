@@ -59,7 +59,9 @@ struct InputSpec {
 // reference, the Python object the only C++ one (autograd's saved variable adds one under
 // retain_graph), and no other tensor uses its storage (a view of a base counts the base: the
 // autodiff split donates only forward intermediates whose storage nothing outside the program
-// reaches). Counted with the storage object this check makes.
+// reaches). Counted with the storage object this check makes. The tensor spans its whole
+// storage: a slice of a larger buffer (q of a fused qkv projection whose k and v are freed)
+// would otherwise keep all of it alive inside the output it lends to.
 bool lendable(PyObject* box) {
   PyObject* x = PyList_GET_ITEM(box, 0);
   if (Py_REFCNT(x) != 1) return false;
@@ -70,7 +72,10 @@ bool lendable(PyObject* box) {
   static const nb::handle use_count =
       nb::object(nb::module_::import_("torch").attr("_C").attr("_storage_Use_Count")).release();
   nb::object storage = t.attr("untyped_storage")();
-  return nb::cast<int64_t>(use_count(storage.attr("_cdata"))) == (view ? 3 : 2);
+  if (nb::cast<int64_t>(use_count(storage.attr("_cdata"))) != (view ? 3 : 2)) return false;
+  return nb::cast<int64_t>(t.attr("storage_offset")()) == 0 &&
+         nb::cast<int64_t>(storage.attr("nbytes")()) ==
+             nb::cast<int64_t>(t.attr("numel")()) * nb::cast<int64_t>(t.attr("element_size")());
 }
 
 struct OutputSpec {
