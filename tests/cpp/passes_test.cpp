@@ -1,8 +1,9 @@
-// Dead code elimination and common subexpression elimination.
+// Dead code elimination, common subexpression elimination and folding of remap chains.
 #include "keraunos/ir/verifier.h"
 #include "keraunos/ops/builder.h"
 #include "keraunos/passes/cse.h"
 #include "keraunos/passes/dce.h"
+#include "keraunos/passes/fold_remaps.h"
 
 #include <gtest/gtest.h>
 
@@ -145,6 +146,35 @@ TEST(CSE, NotAcrossAnInPlaceWriteToTheSameStorage) {
                                 "return t9, t10",
                             }));
   EXPECT_EQ(verify(r.trace, with_meta()), "");
+}
+
+TEST(FoldRemaps, PermutesComposeAndCancelReshapesCollapse) {
+  Builder b;
+  auto x = b.add_input(F32, Device{}, {2, 3, 4}, {});
+  Arg p1 = b.call(OpId::prim_permute, {Arg(x), Arg::int_list({1, 2, 0})});  // [3, 4, 2]
+  Arg p2 = b.call(OpId::prim_permute, {p1, Arg::int_list({2, 0, 1})});      // back: [2, 3, 4]
+  Arg s = b.call(OpId::prim_sin, {p2});
+  Arg p3 = b.call(OpId::prim_permute, {p1, Arg::int_list({1, 0, 2})});      // [4, 3, 2]
+  Arg r1 = b.call(OpId::prim_reshape, {Arg(x), Arg::int_list({6, 4})});
+  Arg r2 = b.call(OpId::prim_reshape, {r1, Arg::int_list({24})});
+  Arg r3 = b.call(OpId::prim_reshape, {r2, Arg::int_list({2, 3, 4})});      // x's shape again
+  Arg c = b.call(OpId::prim_cos, {r3});
+  Arg kept = b.call(OpId::prim_permute, {p1, Arg::int_list({2, 0, 1})});    // returned: stays
+  b.set_return(Arg(Arg::List{s, p3, r2, c, kept}));
+  PassContext ctx;
+  PassResult r = fold_remaps(b.finish(), ctx);
+  EXPECT_TRUE(r.changed);
+  Trace t = dce(r.trace, ctx).trace;
+  EXPECT_EQ(lines(t), (Lines{
+                          "t3 = prims.sin(t0)",
+                          "t4 = prims.permute(t0, [2, 1, 0])",
+                          "t6 = prims.reshape(t0, [24])",
+                          "t8 = prims.cos(t0)",
+                          "t9 = prims.permute(t0, [0, 1, 2])",
+                          "return t3, t4, t6, t8, t9",
+                      }));
+  EXPECT_EQ(verify(t, with_meta()), "");
+  EXPECT_FALSE(fold_remaps(t, ctx).changed);
 }
 
 } // namespace

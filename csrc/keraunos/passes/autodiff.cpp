@@ -24,6 +24,7 @@
 #include "keraunos/ops/backward.h"
 #include "keraunos/passes/cse.h"
 #include "keraunos/passes/dce.h"
+#include "keraunos/passes/fold_remaps.h"
 #include "keraunos/passes/pass_manager.h"
 
 #include <algorithm>
@@ -667,6 +668,10 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
   bret.op = OpId::return_;
   bret.args = {jret.at(1)};
   split.backward.bsyms.push_back(std::move(bret));
+  // The backward rules' chains of remaps (a weight permuted in the forward and back for the
+  // input's gradient) fold away.
+  split.forward = dce(fold_remaps(split.forward, ctx).trace, ctx).trace;
+  split.backward = dce(fold_remaps(split.backward, ctx).trace, ctx).trace;
   split.forward.stage = "autodiff forward";
   split.backward.stage = "autodiff backward";
   split.joint = std::move(joint);
