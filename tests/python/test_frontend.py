@@ -145,6 +145,7 @@ def test_last_traces_every_stage_ends_with_return():
         "functionalize",
         "dce",
         "cse",
+        "grouped_query_attention",
         "dce",
         "partition",
         "fusion executors" if FUSED_FLOAT_TOLERANCE else "torch executor",

@@ -787,3 +787,46 @@ def test_write_into_a_tensor_autograd_saved_runs_as_recorded():
         y.sum().backward()
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         f(x, w).sum().backward()
+
+
+def _repeat_kv(t, n_rep):
+    b, nkv, s, d = t.shape
+    return t[:, :, None].expand(b, nkv, n_rep, s, d).reshape(b, nkv * n_rep, s, d)
+
+
+def _tile_kv(t, n_rep):  # the other order: head h reads kv head h % nkv
+    b, nkv, s, d = t.shape
+    return t[:, None].expand(b, n_rep, nkv, s, d).reshape(b, nkv * n_rep, s, d)
+
+
+@pytest.mark.parametrize("repeat", ["repeat_kv", "tile", "masked"])
+def test_grouped_query_attention_without_repeated_heads(repeat):
+    """HF's repeat_kv before SDPA becomes SDPA with enable_gqa=True on the kv heads (no copies
+    of k and v, no sum over them in the backward); a tiled repeat (another head order) and a
+    masked SDPA stay as written. Values and gradients equal eager's either way."""
+
+    def f(q, k, v, mask):
+        rep = _tile_kv if repeat == "tile" else _repeat_kv
+        kr, vr = rep(k.sin(), 2), rep(v * 2, 2)
+        if repeat == "masked":
+            return F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, kr, vr, is_causal=True)
+
+    inputs = [r(2, 4, 8, 16), r(2, 2, 8, 16), r(2, 2, 8, 16), torch.rand(8, 8, device=DEV) > 0.3]
+    jf = keraunos.jit(f)
+    for grad in (False, True):
+        for t in inputs[:3]:
+            t.requires_grad_(grad)
+            t.grad = None
+        out = jf(*inputs)
+        expected_inputs = [t.detach().clone().requires_grad_(grad) for t in inputs[:3]]
+        expected = f(*expected_inputs, inputs[3])
+        torch.testing.assert_close(out, expected)
+        if grad:
+            out.square().sum().backward()
+            expected.square().sum().backward()
+            for t, e in zip(inputs[:3], expected_inputs):
+                torch.testing.assert_close(t.grad, e.grad)
+        text = "\n".join(str(t) for t in keraunos.last_traces(jf))
+        rewritten = "enable_gqa=True" in text or "None, True], [" in text
+        assert rewritten == (repeat == "repeat_kv"), text

@@ -5,6 +5,7 @@
 #include "keraunos/passes/cse.h"
 #include "keraunos/passes/dce.h"
 #include "keraunos/passes/functionalize.h"
+#include "keraunos/passes/grouped_query_attention.h"
 #include "keraunos/passes/partition.h"
 
 #include <chrono>
@@ -24,6 +25,7 @@ constexpr NamedPass kPasses[] = {
     {"functionalize", &functionalize, true},
     {"dce", &dce, true},
     {"cse", &cse, true},
+    {"grouped_query_attention", &grouped_query_attention, true},
     {"dce", &dce, true},
     {"partition", &partition, true},
 };
