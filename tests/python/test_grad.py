@@ -830,3 +830,26 @@ def test_grouped_query_attention_without_repeated_heads(repeat):
         text = "\n".join(str(t) for t in keraunos.last_traces(jf))
         rewritten = "enable_gqa=True" in text or "None, True], [" in text
         assert rewritten == (repeat == "repeat_kv"), text
+
+
+def test_gradient_contributions_from_matmuls_are_summed_where_they_are_read():
+    """A normalized input read by three projections gets three gradient contributions from
+    matmuls: they are summed in the kernel of the norm's backward that reads them (one kernel
+    reads all three), not by an add kernel after each matmul."""
+
+    def f(x, ln, wq, wk, wv):
+        h = F.rms_norm(x, (x.shape[-1],), ln)
+        return (h @ wq).sin().sum() + (h @ wk).cos().sum() + (h @ wv).exp().sum()
+
+    d = torch.float64  # exp of a sum over 16: float32 rounding would show through the norm
+    inputs = [r(4, 8, 16, dtype=d), r(16, dtype=d), *(r(16, 8, dtype=d) for _ in range(3))]
+    jf = keraunos.jit(f)
+    _, grads, _ = _grads_of(jf, inputs)
+    _, expected, _ = _grads_of(f, inputs)
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e)
+    bwd = keraunos.last_traces(jf)[-1].source
+    matmuls = set(re.findall(r"^  (t\d+) = torch\.matmul\(", bwd, re.M))
+    calls = re.findall(r"^  [t\d, ]+= (k\d+_\d+)\(([^)]*)\)", bwd, re.M)
+    reads = [len(matmuls & set(re.findall(r"t\d+", args))) for _, args in calls]
+    assert max(reads, default=0) >= 3, bwd

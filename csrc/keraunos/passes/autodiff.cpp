@@ -384,7 +384,22 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
   Builder bb(ctx.builder);
   bb.reserve_names(flat);
   bb.also_known(&fwd);
-  std::unordered_map<const TensorProxy*, TensorRef> grads;
+  // Each tensor's gradient contributions, summed (in arrival order, as eager's autograd sums
+  // them) when the gradient is read: the adds then come right before the rule that reads the
+  // sum and fuse with it (three projections' input gradients and RMSNorm's backward: one
+  // kernel), rather than each after its matmul (see accumulate).
+  std::unordered_map<const TensorProxy*, std::vector<TensorRef>> grads;
+  auto grad_of = [&](const TensorProxy* t) -> TensorRef {
+    auto it = grads.find(t);
+    if (it == grads.end()) return nullptr;
+    auto& parts = it->second;
+    while (parts.size() > 1) {
+      TensorRef sum = bb.call(OpId::prim_add, {Arg(parts[0]), Arg(parts[1])}).tensor();
+      parts.erase(parts.begin());
+      parts[0] = sum;
+    }
+    return parts[0];
+  };
   std::vector<TensorRef> grad_inputs;
   size_t k = 0;
   for (auto& leaf : split.leaves) {
@@ -394,13 +409,23 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
     if (!leaf.differentiable) continue;
     auto g = bb.new_tensor(o->dtype, o->device, o->shape);
     grad_inputs.push_back(g);
-    grads[o.get()] = g;
+    grads[o.get()] = {g};
   }
   auto accumulate = [&](const TensorRef& t, const TensorRef& g) {
     KR_INTERNAL(g->shape == t->shape && g->dtype == t->dtype, "gradient of ", t->name,
                 " has the wrong shape or dtype");
-    auto [it, fresh] = grads.emplace(t.get(), g);
-    if (!fresh) it->second = bb.call(OpId::prim_add, {Arg(it->second), Arg(g)}).tensor();
+    auto& parts = grads[t.get()];
+    // Two contributions a kernel computes are added at once (into the kernel that makes the
+    // second); one from a matmul or a torch call waits for the read. Either way the sum runs
+    // in arrival order.
+    auto in_kernel = [&](const TensorRef& x) {
+      const BoundSymbol* p = bb.producer(x);
+      return p && p->def().has(tags::E | tags::M | tags::R | tags::D) && !p->def().has(tags::T);
+    };
+    if (parts.size() == 1 && in_kernel(parts[0]) && in_kernel(g))
+      parts[0] = bb.call(OpId::prim_add, {Arg(parts[0]), Arg(g)}).tensor();
+    else
+      parts.push_back(g);
   };
 
   std::vector<std::pair<size_t, BoundSymbol>> recorded; // torch calls run under autograd
@@ -411,8 +436,7 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
       const TensorRef& x = b.args.at(0).tensor();
       if (!req.count(x.get())) continue;
       for (const auto& o : b.outputs()) {
-        auto it = grads.find(o.get());
-        if (it != grads.end()) accumulate(x, view_grad(bb, b, o, it->second));
+        if (TensorRef g = grad_of(o.get())) accumulate(x, view_grad(bb, b, o, g));
       }
       continue;
     }
@@ -425,10 +449,10 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
       bool any = false;
       for (const auto& o : b.outputs()) {
         if (!differentiable_dtype(o->dtype)) continue;
-        auto it = grads.find(o.get());
-        any = any || it != grads.end();
-        gl.push_back(it != grads.end() ? it->second
-                                       : bb.call(OpId::prim_full, {Arg::int_list(o->shape), Arg(0.0),
+        TensorRef g = grad_of(o.get());
+        any = any || g;
+        gl.push_back(g ? g
+                       : bb.call(OpId::prim_full, {Arg::int_list(o->shape), Arg(0.0),
                                                                    Arg(o->dtype), Arg(o->device)})
                                              .tensor());
       }
@@ -474,8 +498,7 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
       continue;
     }
     if (!b.out.is_tensor()) continue;
-    auto git = grads.find(b.out.tensor().get());
-    if (git == grads.end() || b.op == OpId::detach) continue;
+    if (!grads.count(b.out.tensor().get()) || b.op == OpId::detach) continue;
     const GradEntry& e = grad_entry(b.op);
     if (e.kind != GradKind::Rule) continue;
     std::vector<bool> needs;
@@ -490,7 +513,7 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
       list_needs.push_back(std::move(ln));
     }
     if (!any) continue;
-    const TensorRef g = git->second;
+    const TensorRef g = grad_of(b.out.tensor().get());
     Arg::List res = e.fn(bb, GradRequest{b, g, needs, list_needs});
     KR_INTERNAL(res.size() == b.args.size(), "backward rule of ", b.def().qualified_name(),
                 " returned ", res.size(), " gradients for ", b.args.size(), " arguments");
@@ -507,8 +530,8 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
 
   Arg::List input_grads;
   for (const auto& in : flat.inputs) {
-    auto it = grads.find(in.get());
-    input_grads.push_back(req.count(in.get()) && it != grads.end() ? Arg(it->second) : Arg());
+    TensorRef g = req.count(in.get()) ? grad_of(in.get()) : nullptr;
+    input_grads.push_back(g ? Arg(g) : Arg());
   }
   bb.set_return(Arg());
   Trace bwd_syms = bb.finish();
