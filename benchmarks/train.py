@@ -7,6 +7,7 @@ for RESULTS.md.
 
     python benchmarks/train.py [--device cpu|cuda] [--dtype float32|bfloat16] [--cases llama,mlp]
                                [--rounds 5] [--round-s 0.5] [--quick]
+                               [--fusion-type consecutive|dataflow]
 
 Cases:
   llama  a LLaMA-style decoder block (bench_util.llama_layer: RMSNorm, q/k/v projections,
@@ -104,12 +105,12 @@ def mlp_case(device, dtype, quick):
 CASES = {"llama": llama_case, "mlp": mlp_case}
 
 
-def runner(kind, fn):
+def runner(kind, fn, fusion_type=None):
     if kind == "eager":
         return fn
     if kind == "compile":
         return torch.compile(fn, dynamic=False)
-    return keraunos.jit(fn)
+    return keraunos.jit(fn, fusion_type=fusion_type)
 
 
 def step(run, params, args):
@@ -125,7 +126,7 @@ def rel_err(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
-def bench(name, device, dtype, rounds, round_s, quick):
+def bench(name, device, dtype, rounds, round_s, quick, fusion_type=None):
     fn, params, args, label = CASES[name](device, dtype, quick)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     ref_loss = step(fn, params, args).detach()
@@ -135,7 +136,7 @@ def bench(name, device, dtype, rounds, round_s, quick):
     for kind in ("eager", "compile", "keraunos"):
         r = res["competitors"][kind] = {}
         try:
-            run = runner(kind, fn)
+            run = runner(kind, fn, fusion_type)
             loss = step(run, params, args)
             bu.sync(device)
             if kind != "eager":
@@ -151,7 +152,7 @@ def bench(name, device, dtype, rounds, round_s, quick):
                     "compiled forward + backward"
                     if st["grad_fallback"] is None
                     else ("through torch: " + st["grad_fallback"][:120])
-                )
+                ) + (f" ({fusion_type} fusion)" if fusion_type else "")
             step(run, params, args)
             bu.sync(device)
             if device.type == "cuda":
@@ -200,6 +201,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--round-s", type=float, default=0.5)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--fusion-type", default=None, help="keraunos.jit's fusion_type (default: the jit's)"
+    )
     args = ap.parse_args()
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
@@ -208,7 +212,9 @@ def main():
     results = []
     for name in args.cases.split(","):
         print(f"## {name}", flush=True)
-        results.append(bench(name, device, dtype, args.rounds, args.round_s, args.quick))
+        results.append(
+            bench(name, device, dtype, args.rounds, args.round_s, args.quick, args.fusion_type)
+        )
     print()
     print(
         "| case | eager ms | torch.compile ms | keraunos ms | keraunos/eager | keraunos/compile "

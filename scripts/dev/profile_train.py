@@ -63,11 +63,12 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dump", default=None, help="write keraunos' traces here")
     ap.add_argument("--case", default="llama", choices=["llama", "mlp"])
+    ap.add_argument("--fusion-type", default=None, help="keraunos.jit's fusion_type")
     a = ap.parse_args()
     dev = torch.device(a.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     fn, params, args, label = getattr(train, f"{a.case}_case")(dev, dtype, a.quick)
-    jf = keraunos.jit(fn)
+    jf = keraunos.jit(fn, fusion_type=a.fusion_type)
     runs = [("eager", fn), ("torch.compile", torch.compile(fn, dynamic=False)), ("keraunos", jf)]
     print(f"# training step, {a.case} case ({label}), {dev.type}, {dtype}")
     for name, run in runs:
