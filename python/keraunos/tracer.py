@@ -475,14 +475,24 @@ class Tracer:
         self._prev = current()
         _state.tracer = self
         _rng_hooks(+1)
+        # The tracer's own autograd work on fake tensors (fallback.py's gradient probe) must not
+        # reach the user's saved-tensor hooks: torch.utils.checkpoint's would recompute the
+        # checkpointed function, this one, from inside its own trace.
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(_keep, _keep)
+        self._hooks.__enter__()
         self._mode.__enter__()
         return self
 
     def __exit__(self, *exc):
         self._mode.__exit__(*exc)
+        self._hooks.__exit__(*exc)
         _rng_hooks(-1)
         _state.tracer = self._prev
         return False
+
+
+def _keep(t):
+    return t
 
 
 # While something is traced, torch.compiler.is_compiling() is True, as under torch.compile and
