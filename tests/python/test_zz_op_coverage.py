@@ -19,6 +19,7 @@ PASS_ONLY = {
     "restride",
     "batch_norm_functional",
     "torch_vjp",  # the autodiff pass's backward of ops that run through torch
+    "torch_vjp_record",  # and their forward under autograd
 }
 
 
