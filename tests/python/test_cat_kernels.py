@@ -180,17 +180,21 @@ def repeat_kv(x, n):
 def test_repeat_kv_is_a_vectorized_copy_kernel(fusion_type):
     """expand + reshape is a copy no view gives: a kernel makes it (not torch.reshape). The
     merged head dim's index is head // rep (the reshape's div/mod simplified), so the head dim
-    stays affine and the CUDA kernel loads and stores whole vectors along it."""
+    stays affine and the CUDA kernel loads and stores whole vectors along it. (With a mask: an
+    SDPA without one takes the kv heads with enable_gqa=True and no copy is made.)"""
 
-    def f(q, k, v):
-        return torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, 4), repeat_kv(v, 4))
+    def f(q, k, v, m):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, repeat_kv(k, 4), repeat_kv(v, 4), attn_mask=m
+        )
 
     q = torch.randn(2, 8, 16, 32, dtype=torch.bfloat16)
     k, v = (
         torch.randn(2, 2, 16, 32, dtype=torch.bfloat16),
         torch.randn(2, 2, 16, 32, dtype=torch.bfloat16),
     )
-    jf = check(f, q, k, v, fusion_type=fusion_type)
+    m = (torch.rand(16, 16) > 0.3) | torch.eye(16, dtype=torch.bool)
+    jf = check(f, q, k, v, m, fusion_type=fusion_type)
     prog = _program(jf)
     assert "torch.reshape" not in prog, prog
     assert "(i1 / 4LL) * 512LL" in prog, prog
