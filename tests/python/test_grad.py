@@ -505,7 +505,7 @@ def test_a_recorded_torch_op_under_retain_graph_and_saved_tensor_hooks():
         _, got, _ = _grads_of(jf, inputs)
     with _CountAttention() as c, copies:
         _grads_of(jf, inputs)
-    assert c.calls["aten._scaled_dot_product_flash_attention_for_cpu.default"] == 2 or DEV != "cpu"
+    assert DEV != "cpu" or c.calls["aten._scaled_dot_product_flash_attention_for_cpu.default"] == 2
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
 
@@ -825,8 +825,10 @@ def test_grouped_query_attention_without_repeated_heads(repeat):
         if grad:
             out.square().sum().backward()
             expected.square().sum().backward()
+            # SDPA over the kv heads and eager's sum over the repeated heads' gradients are
+            # other kernels: float32 rounding differs (1e-5 on CUDA).
             for t, e in zip(inputs[:3], expected_inputs):
-                torch.testing.assert_close(t.grad, e.grad)
+                torch.testing.assert_close(t.grad, e.grad, atol=1e-4, rtol=1e-4)
         text = "\n".join(str(t) for t in keraunos.last_traces(jf))
         rewritten = "enable_gqa=True" in text or "None, True], [" in text
         assert rewritten == (repeat == "repeat_kv"), text
