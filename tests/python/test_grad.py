@@ -877,3 +877,21 @@ def test_checkpointed_jit_function(reentrant):
         _, expected, _ = _grads_of(lambda *xs: f(*xs).sum(), inputs)
         for g, e in zip(got, expected):
             torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_an_empty_softmax_requires_grad_as_in_eager(op):
+    """softmax of an empty float tensor was made as a fresh empty tensor (prims.full), so the
+    output did not require grad where eager's does (the grad fuzzer's seed 51005025)."""
+
+    def f(x):
+        v = x.unsqueeze(0)[1:]
+        return x * 2, getattr(v, op)(2)
+
+    x = r(2, 6)
+    got, expected = keraunos.jit(f)(x), f(x)
+    assert [t.requires_grad for t in got] == [t.requires_grad for t in expected] == [True, True]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    got[0].sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))

@@ -183,9 +183,13 @@ Arg softmax_like(Builder& b, const Arg::List& a, bool log, std::string_view name
   int64_t d = wrap_dim(a[1].as_int(), x->ndim(), name);
   DType out = a[2].is_none() ? x->dtype : a[2].as_dtype();
   // Eager dispatches on the dtype only when there are elements: an empty integer tensor's
-  // softmax is an empty tensor of that dtype.
-  if (x->numel() == 0)
+  // softmax is an empty tensor of that dtype. An empty float result is made from the input,
+  // so that it requires grad where the input does (as eager's).
+  if (x->numel() == 0) {
+    if (is_float(x->dtype) && is_float(out))
+      return prim(b, OpId::prim_mul, {Arg(cvt(b, x, out)), Arg(0.0)});
     return b.call(OpId::prim_full, {Arg::int_list(x->shape), Arg(0.0), Arg(out), Arg(x->device)});
+  }
   KR_CHECK(is_float(out), NotImplemented, "\"", log ? "log_softmax" : "softmax",
            (d == x->ndim() - 1 || x->ndim() == 0) ? "_lastdim" : "", "_kernel_impl\" not implemented for '",
            torch_type_name(out), "'");
