@@ -30,6 +30,17 @@ def div(a, b, *, rounding_mode=None):
 
 
 mul = operator.mul
+
+
+def cpu_matmul(a, b):
+    """torch.matmul of CPU tensors with its result in the CPU buffer pool
+    (csrc/keraunos/python/cpu_pool.h); the program writer picks it for results of 64 KiB or
+    more."""
+    from . import _C
+
+    return _C.cpu_matmul(a, b)
+
+
 floor_divide = operator.floordiv
 remainder = operator.mod
 pow = operator.pow

@@ -102,6 +102,19 @@ std::string torch_statement(const BoundSymbol& b) {
 }
 
 namespace {
+// The Python callable of a symbol on the torch executor: the op table's, except for a CPU
+// matmul whose result the CPU buffer pool can hold (python/cpu_pool.h: 64 KiB or more).
+std::string_view torch_callable(const BoundSymbol& b) {
+  const OpDef& d = b.def();
+  if (d.id == OpId::matmul || d.id == OpId::prim_matmul) {
+    auto outs = b.outputs();
+    if (outs.size() == 1 && outs[0]->device.type == DeviceType::CPU &&
+        outs[0]->numel() * itemsize(outs[0]->dtype) >= (int64_t{64} << 10))
+      return "_kr.cpu_matmul";
+  }
+  return d.torch_fn;
+}
+
 void emit(std::ostringstream& os, const BoundSymbol& b) {
   {
     const OpDef& d = b.def();
@@ -126,7 +139,7 @@ void emit(std::ostringstream& os, const BoundSymbol& b) {
       }
       os << " = ";
     }
-    os << d.torch_fn << "(" << format_call_args(d, b.args) << ")\n";
+    os << torch_callable(b) << "(" << format_call_args(d, b.args) << ")\n";
   }
 }
 } // namespace

@@ -4,6 +4,7 @@
 // A kernel object's call is the hot path: it reads its tensors through the Python C API
 // (data_ptr, stride), allocates its outputs with torch.empty_strided and runs the kernel with
 // the GIL released.
+#include "cpu_pool.h"
 #include "keraunos/codegen/fused_program.h"
 #include "keraunos/executors/executor.h"
 #include "keraunos/ir/error.h"
@@ -59,7 +60,8 @@ struct InputSpec {
 // reference, the Python object the only C++ one (autograd's saved variable adds one under
 // retain_graph), and no other tensor uses its storage (a view of a base counts the base: the
 // autodiff split donates only forward intermediates whose storage nothing outside the program
-// reaches). Counted with the storage object this check makes. The tensor spans its whole
+// reaches). Counted with the storage object this check makes (or the CPU pool's: a storage has
+// one Python object, which holds one reference). The tensor spans its whole
 // storage: a slice of a larger buffer (q of a fused qkv projection whose k and v are freed)
 // would otherwise keep all of it alive inside the output it lends to.
 bool lendable(PyObject* box) {
@@ -190,9 +192,13 @@ public:
         t = nb::borrow(PyList_GET_ITEM(args[o.donor].ptr(), 0));
         fresh_outs.append(t);
       } else {
-        PyObject* fresh = PyObject_Call(empty_strided.ptr(), o.args.ptr(), o.kwargs.ptr());
-        if (!fresh) throw nb::python_error();
-        t = nb::steal(fresh);
+        if (!cuda && o.bytes >= keraunos::py::kPoolMinBytes)
+          t = keraunos::py::pooled_empty(o.shape, o.strides, o.dtype, o.bytes);
+        if (!t.is_valid()) {
+          PyObject* fresh = PyObject_Call(empty_strided.ptr(), o.args.ptr(), o.kwargs.ptr());
+          if (!fresh) throw nb::python_error();
+          t = nb::steal(fresh);
+        }
         fresh_outs.append(t);
       }
       PyObject* p = PyObject_CallMethodNoArgs(t.ptr(), nm.data_ptr);

@@ -60,6 +60,7 @@ PyType_Slot dispatcher_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(dispa
 } // namespace
 
 void bind_cpu(nb::module_& m);      // bind_cpu.cpp
+void bind_cpu_pool(nb::module_& m); // cpu_pool.cpp
 void bind_embedded(nb::module_& m); // bind_embedded.cpp
 void bind_fusion(nb::module_& m);   // bind_fusion.cpp
 void bind_runtime(nb::module_& m);  // bind_runtime.cpp
@@ -341,5 +342,6 @@ NB_MODULE(_C, m) {
   bind_cpu(m);
   bind_embedded(m);
   bind_fusion(m);
+  bind_cpu_pool(m);
   bind_runtime(m);
 }

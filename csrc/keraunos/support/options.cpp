@@ -37,6 +37,10 @@ constexpr Option kOptions[] = {
     {"hugepages", "KERAUNOS_HUGEPAGES", Kind::Flag, "1", nullptr,
      "Advise fresh CPU kernel outputs of 4 MiB or more as transparent huge pages; read once "
      "per process."},
+    {"cpu_pool", "KERAUNOS_CPU_POOL", Kind::Flag, "1", nullptr,
+     "Keep the memory of CPU kernel outputs and matmul results of 64 KiB or more for reuse "
+     "once every tensor on it has died (at most 1 GiB; keraunos.empty_cpu_pool() releases "
+     "it): no page faults for memory the process had already. Read at each allocation."},
     {"nvrtc_library", "KERAUNOS_NVRTC_LIBRARY", Kind::Text, "", nullptr,
      "The NVRTC library to load (a path); otherwise the nvidia-cuda-nvrtc wheel's, "
      "$CUDA_HOME/lib64's or the loader's libnvrtc. Read when NVRTC is first loaded."},
