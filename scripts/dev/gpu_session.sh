@@ -170,7 +170,7 @@ for step in $STEPS; do
     ;;
   proftrain)
     stamp "training step profile (CUDA, bf16)"
-    timeout ${PROFTRAIN_TIMEOUT:-240} python3 scripts/dev/profile_train.py --dump "$OUT/train_programs.txt" >"$OUT/proftrain.log" 2>&1
+    timeout ${PROFTRAIN_TIMEOUT:-240} python3 scripts/dev/profile_train.py --dump "$OUT/train_programs.txt" ${PROFTRAIN_ARGS:-} >"$OUT/proftrain.log" 2>&1
     cat "$OUT/proftrain.log" | grep -v "^\[" | tail -90
     ;;
   wait)

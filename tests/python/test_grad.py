@@ -510,6 +510,59 @@ def test_a_recorded_torch_op_under_retain_graph_and_saved_tensor_hooks():
         torch.testing.assert_close(g, e)
 
 
+class _CountCopies(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the aten calls that copy a tensor's elements (copy_, clone, contiguous)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] in ("copy_", "clone", "_to_copy", "contiguous"):
+            self.calls.append((str(func), tuple(args[0].shape)))
+        return func(*args, **(kwargs or {}))
+
+
+def _rotary_attention_step(x, wq, wk, wv, wo, cos, sin):
+    b, s, h = x.shape
+    d = 8
+
+    def rotate_half(t):
+        return torch.cat((-t[..., d // 2 :], t[..., : d // 2]), -1)
+
+    def rot(t):  # HF's apply_rotary_pos_emb: the slices' gradients arrive before t * cos's
+        return t * cos + rotate_half(t) * sin
+
+    q = (x @ wq).view(b, s, h // d, d).transpose(1, 2)
+    k = (x @ wk).view(b, s, h // d, d).transpose(1, 2)
+    v = (x @ wv).view(b, s, h // d, d).transpose(1, 2)
+    y = F.scaled_dot_product_attention(rot(q), rot(k), v, is_causal=True)
+    return (y.transpose(1, 2).reshape(b, s, h) @ wo).square().sum()
+
+
+def test_attention_backward_copies_nothing():
+    """q, k and v are transposed views of projections; SDPA's backward gives their gradients
+    the same layout, the rotary embedding's backward keeps it (gradient contributions are
+    summed with the one laid out like the primal first) and the transposes and reshapes back
+    to the projections' gradients are views: no relayout and no copy in the backward (each was
+    a copy kernel on the GPU). Gradients equal eager's."""
+    inputs = [r(2, 6, 16), r(16, 16), r(16, 16), r(16, 16), r(16, 16)]
+    cos, sin = r(6, 8, grad=False), r(6, 8, grad=False)
+    jf = keraunos.jit(_rotary_attention_step)
+    _grads_of(jf, inputs + [cos, sin])  # compiles
+    assert keraunos.compile_stats(jf)["grad_fallback"] is None
+    expected = _grads_of(_rotary_attention_step, inputs + [cos, sin])
+    xs = [t.detach().clone().requires_grad_() for t in inputs]
+    out = jf(*xs, cos, sin)
+    relayouts = _C._relayout_count()
+    with _CountCopies() as c:
+        out.backward()
+    assert c.calls == [] and _C._relayout_count() == relayouts, c.calls
+    torch.testing.assert_close(out, expected[0])
+    for t, e in zip(xs, expected[1]):
+        torch.testing.assert_close(t.grad, e)
+
+
 def test_a_recorded_torch_op_sees_a_write_into_its_saved_output():
     """SDPA saves its output for its backward: eager's autograd raises when the output is
     written in place before the backward, and so does the recorded graph."""
@@ -895,3 +948,23 @@ def test_an_empty_softmax_requires_grad_as_in_eager(op):
         torch.testing.assert_close(a, b)
     got[0].sum().backward()
     torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+
+
+def test_pow_of_two_backward_computes_no_pow():
+    """x.pow(2)'s gradient is 2 * x.pow(1) * g (eager's rule); pow with exponent 1 is the base
+    itself in eager (a copy), and in a kernel it is the loaded value, not kr_pow (a log and an
+    exp per element: RMSNorm's backward spent most of its time there)."""
+
+    def f(x):
+        return x.pow(2).mean(-1).rsqrt().sum()
+
+    x = r(4, 32)
+    x.data[0, :3] = torch.tensor([float("inf"), float("nan"), -0.0])
+    jf = keraunos.jit(f)
+    out, grads, _ = _grads_of(jf, [x])
+    e_out, e_grads, _ = _grads_of(f, [x])
+    torch.testing.assert_close(out, e_out, equal_nan=True)
+    torch.testing.assert_close(grads[0], e_grads[0], equal_nan=True)
+    if DEV == "cpu":
+        irs = [k.ir for t in keraunos.last_traces(jf) for k in getattr(t, "kernels", [])]
+        assert irs and not any("kr_pow" in ir for ir in irs), irs

@@ -596,6 +596,7 @@ private:
       kir::Expr one = literal(Arg(1.0), out_c(n));
       auto sq = [&] { return kir::binary(K::Mul, x, x); };
       auto call1 = [&](OpId p) { return kir::call(kir::prim_helper(p), {x}, x->dtype, p); };
+      if (e == 1) return let(out, x); // eager copies the base (pow(x, 2)'s gradient has it)
       if (e == 2) return let(out, sq());
       if (e == 3) return let(out, kir::binary(K::Mul, sq(), x));
       if (e == 0.5) return let(out, call1(OpId::prim_sqrt));

@@ -2,6 +2,7 @@
 // frontend measured on fake tensors.
 #include "keraunos/ir/error.h"
 #include "keraunos/ops/builder.h"
+#include "keraunos/ops/meta.h"
 #include "keraunos/ops/op_table.h"
 
 namespace keraunos::ops {
@@ -31,8 +32,14 @@ Arg impl_torch_vjp(Builder& b, const Arg::List& a) {
   for (int64_t i : a[4].int_list()) {
     KR_INTERNAL(i >= 0 && i < static_cast<int64_t>(ts.size()), "torch_vjp: wrt index ", i,
                 " out of range");
+    // The gradient torch's backward makes has its input's layout where that is dense (SDPA's
+    // backends allocate dq, dk, dv like q, k, v): a kernel reading it then needs no relayout,
+    // and a transpose and reshape of it stay views. Contiguous otherwise.
     const auto& t = ts[i];
-    outs.push_back(Arg(b.new_tensor(t->dtype, t->device, t->shape)));
+    if (non_overlapping_dense(t->shape, t->strides))
+      outs.push_back(Arg(b.new_tensor(t->dtype, t->device, t->shape, t->strides)));
+    else
+      outs.push_back(Arg(b.new_tensor(t->dtype, t->device, t->shape)));
   }
   return Arg(std::move(outs));
 }

@@ -389,12 +389,20 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
   // sum and fuse with it (three projections' input gradients and RMSNorm's backward: one
   // kernel), rather than each after its matmul (see accumulate).
   std::unordered_map<const TensorProxy*, std::vector<TensorRef>> grads;
+  // a + b for a gradient of `primal`, with an operand laid out like the primal first: the sum
+  // takes the first operand's layout (TensorIterator's rule), so the gradient keeps the
+  // primal's (a transposed q's gradient stays transposed and its reshape a view). Two operands
+  // commute exactly, so the values are the arrival order's.
+  auto add_grads = [&](const TensorProxy* primal, const TensorRef& a, const TensorRef& b) {
+    const bool swap = a->strides != primal->strides && b->strides == primal->strides;
+    return bb.call(OpId::prim_add, {Arg(swap ? b : a), Arg(swap ? a : b)}).tensor();
+  };
   auto grad_of = [&](const TensorProxy* t) -> TensorRef {
     auto it = grads.find(t);
     if (it == grads.end()) return nullptr;
     auto& parts = it->second;
     while (parts.size() > 1) {
-      TensorRef sum = bb.call(OpId::prim_add, {Arg(parts[0]), Arg(parts[1])}).tensor();
+      TensorRef sum = add_grads(t, parts[0], parts[1]);
       parts.erase(parts.begin());
       parts[0] = sum;
     }
@@ -423,7 +431,7 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
       return p && p->def().has(tags::E | tags::M | tags::R | tags::D) && !p->def().has(tags::T);
     };
     if (parts.size() == 1 && in_kernel(parts[0]) && in_kernel(g))
-      parts[0] = bb.call(OpId::prim_add, {Arg(parts[0]), Arg(g)}).tensor();
+      parts[0] = add_grads(t.get(), parts[0], g);
     else
       parts.push_back(g);
   };
