@@ -41,6 +41,33 @@ TEST(KernelIr, HoistsPointConstantsOutOfInnerLoops) {
 )");
 }
 
+TEST(KernelIr, HoistsLoadsAPointReadsOnTheCpuOnly) {
+  // A per-row statistic loaded in the row's inner loop (a backward reads the forward's saved
+  // rstd there): with `loads`, the load and what it alone feeds move before the loop; a load of
+  // a buffer the kernel stores to stays.
+  auto make = [] {
+    Kernel k = rms_norm_rows(4, 8);
+    k.buffers.insert(k.buffers.begin() + 2, buffer("in2", DType::Float32, false, {4}));
+    Loop& in = *k.body[0].loop->body[3].loop;
+    for (Stmt& s : in.body)
+      if (s.kind == Stmt::Kind::Store) s.store.buffer = 3;
+    in.body.insert(in.body.begin(), load("s0", DType::Float32, 2, idx({{"i0", 1}})));
+    in.body.insert(in.body.begin() + 1, let("s1", DType::Float32, "(s0 * 2.0f)"));
+    in.body.insert(in.body.begin() + 2, load("s2", DType::Float32, 3, idx({{"i0", 8}})));
+    return k;
+  };
+  Kernel cuda = make(), cpu = make();
+  const std::string before = cuda.str();
+  hoist_invariants(cuda.body);
+  EXPECT_EQ(cuda.str(), before);
+  hoist_invariants(cpu.body, /*loads=*/true);
+  const std::string s = cpu.str();
+  EXPECT_NE(s.find("    s0 = load in2[i0]\n    let s1 = s0 * 2.0f\n    inner i1 < 8:\n      s2 = load "
+                   "out0[8 * i0]"),
+            std::string::npos)
+      << s;
+}
+
 TEST(KernelIr, KeepsLetsThatReadAccumulatorsUpdatedInTheLoop) {
   Kernel k = rms_norm_rows(4, 8);
   Loop& red_loop = *k.body[0].loop->body[1].loop;

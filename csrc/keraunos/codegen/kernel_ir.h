@@ -181,9 +181,11 @@ struct Kernel {
 // Moves each Let of a Reduce or Inner loop that reads nothing the loop defines or updates
 // (its variable, loads and lets in it, accumulators updated in it) to just before the loop,
 // innermost loops first, so a value that is constant per outer point — rms_norm's
-// rsqrt(mean + eps), softmax's 1 / sum — is computed once per point, not per element. Parallel
-// loops keep their lets (backends map them to threads; the tree starts with them).
-void hoist_invariants(Block& body);
+// rsqrt(mean + eps), softmax's 1 / sum — is computed once per point, not per element. With
+// `loads` (CPU kernels) also each Load of an Inner loop at an index the loop does not change,
+// from a buffer the kernel never stores to, when the loop runs at least once (a row's saved
+// statistics). Parallel loops keep their statements (backends map them to threads).
+void hoist_invariants(Block& body, bool loads = false);
 
 // Merges a Reduce loop into an earlier one of the same extent when only lets and accumulator
 // declarations stand between them and the later loop reads nothing they define nor any

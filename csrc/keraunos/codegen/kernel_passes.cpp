@@ -13,8 +13,10 @@ const std::vector<KernelPass>& kernel_passes() {
       // over storing and reloading it.
       {"reuse_reduced_values", true, false, [](kir::Kernel& k) { reuse_reduced_values(k); },
        "stores a costly value a reduction loop computed; the pointwise loop reloads it"},
-      {"hoist_invariants", true, true, [](kir::Kernel& k) { kir::hoist_invariants(k.body); },
-       "moves lets that are constant per outer point out of Reduce and Inner loops"},
+      {"hoist_invariants", true, true,
+       [](kir::Kernel& k) { kir::hoist_invariants(k.body, k.device == DeviceType::CPU); },
+       "moves lets (and on the CPU loads) that are constant per outer point out of Reduce and "
+       "Inner loops"},
   };
   return passes;
 }
