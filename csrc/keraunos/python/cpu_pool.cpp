@@ -6,6 +6,7 @@
 
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <unordered_map>
 #include <vector>
 
@@ -56,14 +57,20 @@ nb::object pooled_empty(nb::handle shape, nb::handle strides, nb::handle dtype, 
   if (nbytes < kPoolMinBytes || !enabled()) return {};
   Pool& p = pool();
   if (auto it = p.by_bytes.find(nbytes); it != p.by_bytes.end()) {
-    for (const nb::object& st : it->second) {
+    // Most recently handed out first (kept at the back): a temporary dies soon after it is
+    // made, so that block is likely still in cache, as glibc's most recently freed chunk is.
+    auto& blocks = it->second;
+    for (size_t i = blocks.size(); i-- > 0;) {
+      const nb::object& st = blocks[i];
       // The pool's references only; the size check covers a storage someone resized meanwhile.
       if (Py_REFCNT(st.ptr()) != 1 || as_int(p.use_count(st.attr("_cdata"))) != 1 ||
           as_int(st.attr("nbytes")()) != nbytes)
         continue;
       ++p.hits;
+      std::rotate(blocks.begin() + static_cast<std::ptrdiff_t>(i),
+                  blocks.begin() + static_cast<std::ptrdiff_t>(i) + 1, blocks.end());
       nb::object t = p.empty(0, "dtype"_a = dtype, "device"_a = p.cpu);
-      return t.attr("set_")(st, 0, shape, strides);
+      return t.attr("set_")(blocks.back(), 0, shape, strides);
     }
   }
   ++p.misses;
