@@ -547,7 +547,7 @@ def jit(fn=None, *, fusion_type: str | None = None, fusion: bool | None = None):
 
     fusion_type: "consecutive" fuses runs of adjacent fusible ops in program order;
     "dataflow" may merge any fusible neighbours whose merge creates no cycle (default: the
-    "fusion_type" option, "consecutive").
+    "fusion_type" option, "dataflow", as the torch.compile backend).
     fusion: generate kernels for fusion regions (default: the "fusion" option, on unless
     KERAUNOS_FUSION=0); False runs every region through torch. keraunos.options() lists them.
     """

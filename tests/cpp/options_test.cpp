@@ -61,7 +61,7 @@ TEST(Options, WordsAndText) {
   EXPECT_EQ(options::words("cxxflags"), (std::vector<std::string>{"-O1", "-Wl,-z,now"}));
   EnvGuard d("KERAUNOS_CACHE_DIR", "");
   EXPECT_FALSE(options::get("cache_dir").has_value()); // empty counts as unset
-  EXPECT_EQ(options::text("fusion_type"), "consecutive");
+  EXPECT_EQ(options::text("fusion_type"), "dataflow");
 }
 
 TEST(Options, TuningKeysAreValidatedByTheTable) {

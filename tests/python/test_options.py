@@ -64,13 +64,13 @@ def test_set_option_and_environment_select_fusion(monkeypatch):
 
 
 def test_fusion_type_option_is_the_jit_default():
-    keraunos.set_option("fusion_type", "dataflow")
+    keraunos.set_option("fusion_type", "consecutive")
     try:
-        assert keraunos.jit(lambda a: a)._fusion_type == "dataflow"
-        assert keraunos.jit(lambda a: a, fusion_type="consecutive")._fusion_type == "consecutive"
+        assert keraunos.jit(lambda a: a)._fusion_type == "consecutive"
+        assert keraunos.jit(lambda a: a, fusion_type="dataflow")._fusion_type == "dataflow"
     finally:
         keraunos.set_option("fusion_type", None)
-    assert keraunos.jit(lambda a: a)._fusion_type == "consecutive"
+    assert keraunos.jit(lambda a: a)._fusion_type == "dataflow"
 
 
 def test_bad_options_are_named():

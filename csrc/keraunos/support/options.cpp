@@ -15,7 +15,7 @@ namespace {
 constexpr Option kOptions[] = {
     {"fusion", "KERAUNOS_FUSION", Kind::Flag, "1", "fusion",
      "Generate kernels for fusion regions; off runs every region through torch."},
-    {"fusion_type", nullptr, Kind::Text, "consecutive", "fusion_type",
+    {"fusion_type", nullptr, Kind::Text, "dataflow", "fusion_type",
      "How fusion regions form: 'consecutive' fuses runs of adjacent fusible ops in program "
      "order; 'dataflow' merges any fusible neighbours whose merge creates no cycle."},
     {"verify", "KERAUNOS_VERIFY", Kind::Flag, "0", nullptr,
