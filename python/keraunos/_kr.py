@@ -8,6 +8,8 @@ import sys
 
 import torch
 
+from . import _C
+
 _F = torch.nn.functional
 
 
@@ -32,13 +34,9 @@ def div(a, b, *, rounding_mode=None):
 mul = operator.mul
 
 
-def cpu_matmul(a, b):
-    """torch.matmul of CPU tensors with its result in the CPU buffer pool
-    (csrc/keraunos/python/cpu_pool.h); the program writer picks it for results of 64 KiB or
-    more."""
-    from . import _C
-
-    return _C.cpu_matmul(a, b)
+# torch.matmul of CPU tensors with its result in the CPU buffer pool
+# (csrc/keraunos/python/cpu_pool.h); the program writer picks it for results of 64 KiB or more.
+cpu_matmul = _C.cpu_matmul
 
 
 floor_divide = operator.floordiv
