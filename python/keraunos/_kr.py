@@ -32,13 +32,6 @@ def div(a, b, *, rounding_mode=None):
 
 
 mul = operator.mul
-
-
-# torch.matmul of CPU tensors with its result in the CPU buffer pool
-# (csrc/keraunos/python/cpu_pool.h); the program writer picks it for results of 64 KiB or more.
-cpu_matmul = _C.cpu_matmul
-
-
 floor_divide = operator.floordiv
 remainder = operator.mod
 pow = operator.pow
@@ -51,6 +44,11 @@ lt = operator.lt
 le = operator.le
 gt = operator.gt
 ge = operator.ge
+
+
+# torch.matmul of CPU tensors with its result in the CPU buffer pool
+# (csrc/keraunos/python/cpu_pool.h); the program writer picks it for results of 64 KiB or more.
+cpu_matmul = _C.cpu_matmul
 
 
 def fmod(a, b):
@@ -238,8 +236,6 @@ def torch_vjp(op, args, graph, grads, wrt):
 def _op_call(op):
     """A callable taking an op's canonical arguments (the op table's schema order) and calling
     its torch function, with keyword-only arguments by name."""
-    from . import _C
-
     info = _C.op_info(op)
     fn = info["torch_fn"]
     parts = fn.split(".")
