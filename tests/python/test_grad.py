@@ -153,6 +153,36 @@ CASES = {
         lambda x, w1, w2, w3: F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2),
         lambda: (r(2, 3, 8), r(16, 8), r(8, 16), r(16, 8)),
     ),
+    "prod": (
+        lambda a: torch.prod(a, 1) + torch.prod(a[:2]) + torch.prod(a, 0, keepdim=True).sum(),
+        lambda: (r(4, 5),),
+    ),
+    # Slices with no zero, one zero and two zeros (eager's three branches).
+    "prod_zeros": (
+        lambda a, z: torch.prod(a * z, 1) + torch.prod(a * z),
+        lambda: (
+            r(3, 4),
+            torch.tensor([[1.0, 1, 1, 1], [1, 0, 1, 1], [0, 1, 0, 1]], device=DEV),
+        ),
+    ),
+    # (Eager's gradient of values written twice without accumulating is not the derivative of
+    # the result, where one write wins: the duplicate index is in the accumulating write only.)
+    "index_put": (
+        lambda a, v, i, j: (
+            torch.index_put(a, (i,), v),
+            torch.index_put(a, (j, j % 3), v[:, 0], accumulate=True) * 2,
+        ),
+        lambda: (
+            r(5, 3),
+            r(4, 3),
+            torch.tensor([4, 0, -2, 1], device=DEV),
+            torch.tensor([4, 0, -2, 0], device=DEV),
+        ),
+    ),
+    "index_copy": (
+        lambda a, s, i: torch.index_copy(a, 1, i, s) * torch.arange(5.0, device=DEV),
+        lambda: (r(3, 5), r(3, 2), torch.tensor([3, 0], device=DEV)),
+    ),
     "several_outputs": (
         lambda a: (a.sin(), a.argmax(), a.detach() * 2, (a * 2).sum()),
         lambda: (r(3, 4),),
@@ -743,9 +773,6 @@ def test_every_prim_has_a_backward_decision():
     refused = {n for n in _C.op_names() if _C.op_info(n)["prim"] and _C.grad_kind(n) == "refused"}
     assert refused == {
         "prim_floor_divide",
-        "prim_prod",
-        "prim_index_put",
-        "prim_index_copy",
         "prim_copy_",
         "prim_as_strided",
         "prim_as_strided_scatter",

@@ -5,6 +5,7 @@
 #include "keraunos/ops/backward.h"
 
 #include "keraunos/ir/error.h"
+#include "keraunos/ops/meta.h"
 
 #include <algorithm>
 #include <array>
@@ -474,11 +475,67 @@ Arg::List grad_gather(Builder& b, const GR& r) {
                                                 Arg(r.grad), Arg(true)}));
 }
 
+// index_put: x's gradient is g with the written positions zeroed (unless the write
+// accumulates); the values' gradient is g read at the indices (eager's: every duplicate index
+// gets the gradient of its position, though only one write lands), summed to their shape.
+Arg::List grad_index_put(Builder& b, const GR& r) {
+  const Arg::List& list = r.bsym.args[1].list();
+  const TensorRef& v = r.bsym.args[2].tensor();
+  const bool accumulate = r.bsym.args[3].as_bool();
+  Arg::List res(r.bsym.args.size());
+  if (r.needs[0])
+    res[0] = accumulate ? Arg(r.grad)
+                        : Arg(P(b, OpId::prim_index_put, {Arg(r.grad), r.bsym.args[1],
+                                                          Arg(zeros_like(b, v)), Arg(false)}));
+  if (r.needs[2]) {
+    std::vector<std::pair<int64_t, TensorRef>> adv;
+    for (size_t d = 0; d < list.size(); ++d)
+      if (!list[d].is_none()) adv.emplace_back(static_cast<int64_t>(d), list[d].tensor());
+    TensorRef gv = adv.empty() ? r.grad : advanced_index(b, r.grad, adv);
+    res[2] = Arg(sum_to(b, gv, v->shape));
+  }
+  return res;
+}
+// index_copy: x's gradient is g with the copied rows zeroed; the source's is g's rows at the
+// index (index_select).
+Arg::List grad_index_copy(Builder& b, const GR& r) {
+  const int64_t dim = r.bsym.args[1].as_int();
+  const TensorRef& index = r.bsym.args[2].tensor();
+  const TensorRef& src = r.bsym.args[3].tensor();
+  Arg::List res(r.bsym.args.size());
+  if (r.needs[0])
+    res[0] = Arg(P(b, OpId::prim_index_copy,
+                   {Arg(r.grad), Arg(dim), Arg(index), Arg(zeros_like(b, src))}));
+  if (r.needs[3])
+    res[3] = Arg(reshape(b, P(b, OpId::prim_take, {Arg(r.grad), Arg(index), Arg(dim), Arg(int64_t{0})}),
+                         src->shape));
+  return res;
+}
+
 // Reductions.
 Arg::List grad_sum(Builder& b, const GR& r) {
   const TensorRef& x = x0(r);
   const Shape dims = r.bsym.args[1].int_list();
   return only(r, 0, bcast(b, r.grad, x->shape, kept_dims(x->ndim(), dims)));
+}
+// prod: the product of the other elements of the slice, result / x where the slice has no
+// zero (eager's formula there), else the product of the nonzero elements at a slice's only zero
+// and 0 elsewhere (what eager's cumulative products give).
+Arg::List grad_prod(Builder& b, const GR& r) {
+  const TensorRef& x = x0(r);
+  const Shape dims = r.bsym.args[1].int_list();
+  if (dims.empty()) return only(r, 0, r.grad);
+  const Shape kept = kept_dims(x->ndim(), dims);
+  auto zero = P(b, OpId::prim_eq, {Arg(x), Arg(0.0)});
+  auto zeros_in = bcast(b, sum(b, P(b, OpId::prim_convert_element_type, {Arg(zero), Arg(x->dtype)}), dims),
+                        x->shape, kept);
+  auto nonzero_prod = P(b, OpId::prim_prod, {Arg(where(b, Arg(zero), Arg(1.0), Arg(x))), Arg::int_list(dims)});
+  auto at_only_zero = P(b, OpId::prim_logical_and,
+                        {Arg(zero), Arg(P(b, OpId::prim_eq, {Arg(zeros_in), Arg(1.0)}))});
+  auto with_zero = where(b, Arg(at_only_zero), Arg(bcast(b, nonzero_prod, x->shape, kept)), Arg(0.0));
+  auto others = where(b, Arg(P(b, OpId::prim_eq, {Arg(zeros_in), Arg(0.0)})),
+                      Arg(div(b, Arg(bcast(b, out(r), x->shape, kept)), Arg(x))), Arg(with_zero));
+  return only(r, 0, mul(b, Arg(bcast(b, r.grad, x->shape, kept)), Arg(others)));
 }
 // amax/amin: the gradient shared by every element equal to the result.
 Arg::List grad_amax(Builder& b, const GR& r) {
@@ -619,13 +676,13 @@ struct GradTable {
     rule(OpId::prim_sum, &grad_sum);
     rule(OpId::prim_amax, &grad_amax);
     rule(OpId::prim_amin, &grad_amax);
+    rule(OpId::prim_prod, &grad_prod);
+    rule(OpId::prim_index_put, &grad_index_put);
+    rule(OpId::prim_index_copy, &grad_index_copy);
     rule(OpId::prim_var, &grad_var);
     rule(OpId::prim_cumsum, &grad_cumsum);
     rule(OpId::prim_matmul, &grad_matmul);
     refuse(OpId::prim_floor_divide, "floor_divide");
-    refuse(OpId::prim_prod, "prod");
-    refuse(OpId::prim_index_put, "index_put (an indexed write)");
-    refuse(OpId::prim_index_copy, "index_copy");
     refuse(OpId::prim_copy_, "a write into an existing tensor");
     refuse(OpId::prim_as_strided, "a strided read of a mutated storage");
     refuse(OpId::prim_as_strided_scatter, "a strided write");

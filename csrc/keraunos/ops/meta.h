@@ -4,6 +4,7 @@
 #include "keraunos/ops/builder.h"
 
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace keraunos {
@@ -44,6 +45,11 @@ TensorRef expand_to(Builder& b, const TensorRef& t, const Shape& shape);
 // computation dtype and converts to the result dtype.
 TensorRef elementwise(Builder& b, OpId prim, const Arg::List& operands, Promotion kind,
                       std::string_view op);
+
+// base[indices] as prims (advanced indexing: the (dim, index tensor) pairs in dim order, the
+// other dims taken whole), laid out as eager lays it out. Negative indices count from the end.
+TensorRef advanced_index(Builder& b, const TensorRef& base,
+                         const std::vector<std::pair<int64_t, TensorRef>>& indices);
 
 // `t` itself when contiguous, else a contiguous copy (kernels that start with
 // input.contiguous() in eager give contiguous outputs: softmax, layer_norm, ...).

@@ -1108,3 +1108,10 @@ Arg impl_stack(Builder& b, const Arg::List& a) {
 }
 
 } // namespace keraunos::ops
+
+namespace keraunos {
+TensorRef advanced_index(Builder& b, const TensorRef& base,
+                         const std::vector<std::pair<int64_t, TensorRef>>& indices) {
+  return ops::advanced_gather(b, base, indices);
+}
+} // namespace keraunos
