@@ -108,8 +108,9 @@ def restride(a, stride):
     return out.copy_(a)
 
 
-def fallback(fid, name, inputs, outputs):
-    """A torch call with no op-table entry (keraunos.fallback)."""
+def fallback(fid, name, inputs, outputs, no_grad=()):
+    """A torch call with no op-table entry (keraunos.fallback). (`no_grad` tells autodiff which
+    inputs the call's backward gives no gradient.)"""
     from .fallback import run
 
     return run(fid, name, inputs, outputs)

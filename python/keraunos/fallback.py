@@ -437,12 +437,19 @@ def _call(tr, func, args, kwargs, autocast, captured, modes, random, enable_grad
             if i not in written and (id(px) not in tr.input_index or px._p.requires_grad)
         ]
         probe = _grad_probe(mode, cps, grad_args, leaves, tensor_pos, spec, func, captured, n_args)
+    no_grad = []
     if probe is not None:
-        # Arguments eager's backward gives no gradient (hinge_embedding_loss's target) are
-        # passed detached: their .grad stays None, as in eager.
-        for i in probe[1]:
-            call_proxies[i] = record("detach", "torch.Tensor.detach", (proxies[i],), {})
-    res = record(op, name, (fid, name, call_proxies, meta), {}) if meta else ()
+        if any(probe[0]) and len(probe[1]) == len(probe[2]):
+            # No argument gets a gradient, yet the outputs require grad (norm with p=0): the
+            # arguments stay attached and autodiff gives them no gradient through the call.
+            no_grad = list(probe[1])
+        else:
+            # Arguments eager's backward gives no gradient (hinge_embedding_loss's target)
+            # are passed detached: their .grad stays None, as in eager.
+            for i in probe[1]:
+                call_proxies[i] = record("detach", "torch.Tensor.detach", (proxies[i],), {})
+    args = (fid, name, call_proxies, meta) + ((no_grad,) if no_grad else ())
+    res = record(op, name, args, {}) if meta else ()
     res = list(res)
     fresh_out = res[: len(fresh_meta)]
     if probe is not None:
@@ -480,7 +487,8 @@ def _call(tr, func, args, kwargs, autocast, captured, modes, random, enable_grad
 def _grad_probe(mode, cps, grad_args, leaves, tensor_pos, spec, func, captured, n_args):
     """Runs the call on fake tensors whose float arguments grad_args (indices into cps) require
     grad: (per output leaf, whether eager makes it require grad; the indices of grad_args that
-    eager's backward gives no gradient), or None when that cannot be learned."""
+    eager's backward gives no gradient; the indices of grad_args that require grad), or None
+    when that cannot be learned."""
     log_level = _fake_log.level
     _fake_log.setLevel(logging.CRITICAL)
     try:
@@ -507,16 +515,11 @@ def _grad_probe(mode, cps, grad_args, leaves, tensor_pos, spec, func, captured, 
                         allow_unused=True,
                     )
                     unused = [i for i, g in zip(wrt, gs) if g is None]
-                    if len(unused) == len(wrt):
-                        # No argument gets a gradient, yet the outputs require grad (norm with
-                        # p=0): the arguments stay attached (their gradient is zeros here,
-                        # None in eager).
-                        unused = []
     except Exception:
         return None
     finally:
         _fake_log.setLevel(log_level)
-    return flags, unused
+    return flags, unused, wrt
 
 
 def _inplace_view(tr, name, px, meta):

@@ -14,11 +14,7 @@ from xfail_check import check_known_failures, load_script
 SAMPLES = int(os.environ.get("KERAUNOS_OPINFO_GRAD_SAMPLES", "2"))
 
 # op name -> why it fails today.
-XFAIL: dict[str, str] = {
-    "norm": "p=0: eager's output requires grad and its input's gradient is None; keraunos' "
-    "backward gives zeros",
-    "linalg.norm.subgradients_at_zero": "ord=0, as norm",
-}
+XFAIL: dict[str, str] = {}
 
 
 def test_opinfo_gradients_against_eager(monkeypatch, capsys):

@@ -701,6 +701,33 @@ def test_unused_and_unconnected_inputs_match_eager():
     assert a.grad is not None and b.grad is None and c.grad is None
 
 
+def test_torch_call_whose_backward_gives_an_input_no_gradient():
+    """norm with p=0 runs through torch; its output requires grad but eager's backward gives
+    its input no gradient (None, not zeros), while the input's other uses still do."""
+
+    def f(x, y):
+        return torch.norm(x, p=0) * y.sum() + torch.linalg.norm(y, ord=0) + (x * y).sum()
+
+    def g(x):
+        return torch.norm(x, p=0)
+
+    jf, jg = keraunos.jit(f), keraunos.jit(g)
+    x, y = r(5), r(5)
+    xk, yk = x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()
+    out_e, out_k = f(x, y), jf(xk, yk)
+    torch.testing.assert_close(out_k, out_e)
+    out_e.backward()
+    out_k.backward()
+    torch.testing.assert_close(xk.grad, x.grad)
+    torch.testing.assert_close(yk.grad, y.grad)
+    assert keraunos.compile_stats(jf)["grad_fallback"] is None
+    xk.grad = None
+    o = jg(xk)
+    assert o.requires_grad and g(x).requires_grad
+    o.backward()
+    assert xk.grad is None
+
+
 def test_refused_program_runs_through_torch_with_a_reason():
     def f(x, w):
         y = w * 2

@@ -451,8 +451,12 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
     if (via_torch(b)) {
       std::vector<TensorRef> ins = b.inputs();
       std::vector<int64_t> wrt;
+      const Shape no_grad =
+          b.op == OpId::torch_fallback && b.args.size() > 4 ? b.args[4].int_list() : Shape{};
       for (size_t k = 0; k < ins.size(); ++k)
-        if (req.count(ins[k].get())) wrt.push_back(static_cast<int64_t>(k));
+        if (req.count(ins[k].get()) &&
+            std::find(no_grad.begin(), no_grad.end(), static_cast<int64_t>(k)) == no_grad.end())
+          wrt.push_back(static_cast<int64_t>(k));
       std::vector<TensorRef> gl;
       bool any = false;
       for (const auto& o : b.outputs()) {
