@@ -512,6 +512,46 @@ Arg::List grad_index_copy(Builder& b, const GR& r) {
   return res;
 }
 
+// Strided reads and writes of a flat storage value (what functionalization makes of views
+// written in place): a read's gradient is scattered back to the positions it read; a write's
+// gradient reaches the written source at those positions and the storage everywhere else.
+// Positions that overlap (a write through an expanded view) have no such rule.
+bool distinct_positions(const Shape& size, const Shape& stride) {
+  std::vector<std::pair<int64_t, int64_t>> dims; // (stride, size) of dims with size > 1
+  for (size_t d = 0; d < size.size(); ++d)
+    if (size[d] > 1) dims.emplace_back(std::abs(stride[d]), size[d]);
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;
+  for (const auto& [st, n] : dims) {
+    if (st < span) return false;
+    span = st * n;
+  }
+  return true;
+}
+Arg::List grad_as_strided(Builder& b, const GR& r) {
+  const TensorRef& s = x0(r);
+  const Shape size = r.bsym.args[1].int_list(), stride = r.bsym.args[2].int_list();
+  KR_CHECK(distinct_positions(size, stride), NotImplemented,
+           "keraunos: the backward of a strided read that reads an element twice is not "
+           "supported yet");
+  return only(r, 0, P(b, OpId::prim_as_strided_scatter,
+                      {Arg(zeros_like(b, s)), Arg(r.grad), r.bsym.args[1], r.bsym.args[2], r.bsym.args[3]}));
+}
+Arg::List grad_as_strided_scatter(Builder& b, const GR& r) {
+  const TensorRef& src = r.bsym.args[1].tensor();
+  const Shape size = r.bsym.args[2].int_list(), stride = r.bsym.args[3].int_list();
+  KR_CHECK(distinct_positions(size, stride), NotImplemented,
+           "keraunos: the backward of a strided write that writes an element twice is not "
+           "supported yet");
+  Arg::List res(r.bsym.args.size());
+  if (r.needs[0])
+    res[0] = Arg(P(b, OpId::prim_as_strided_scatter, {Arg(r.grad), Arg(zeros_like(b, src)), r.bsym.args[2],
+                                                      r.bsym.args[3], r.bsym.args[4]}));
+  if (r.needs[1])
+    res[1] = Arg(P(b, OpId::prim_as_strided, {Arg(r.grad), r.bsym.args[2], r.bsym.args[3], r.bsym.args[4]}));
+  return res;
+}
+
 // Reductions.
 Arg::List grad_sum(Builder& b, const GR& r) {
   const TensorRef& x = x0(r);
@@ -679,13 +719,13 @@ struct GradTable {
     rule(OpId::prim_prod, &grad_prod);
     rule(OpId::prim_index_put, &grad_index_put);
     rule(OpId::prim_index_copy, &grad_index_copy);
+    rule(OpId::prim_as_strided, &grad_as_strided);
+    rule(OpId::prim_as_strided_scatter, &grad_as_strided_scatter);
     rule(OpId::prim_var, &grad_var);
     rule(OpId::prim_cumsum, &grad_cumsum);
     rule(OpId::prim_matmul, &grad_matmul);
     refuse(OpId::prim_floor_divide, "floor_divide");
     refuse(OpId::prim_copy_, "a write into an existing tensor");
-    refuse(OpId::prim_as_strided, "a strided read of a mutated storage");
-    refuse(OpId::prim_as_strided_scatter, "a strided write");
     entries[static_cast<size_t>(OpId::torch_fallback)] = {GradKind::Torch, nullptr, nullptr};
     refuse(OpId::torch_fallback_random, "a torch call that draws random numbers");
     refuse(OpId::torch_vjp, "a backward (double backward)");

@@ -51,13 +51,30 @@ bool via_torch(const BoundSymbol& b) {
   return b.op == OpId::torch_fallback || (!d.is_prim() && d.has(tags::T) && b.subsymbols.empty());
 }
 
-// Refuses what the split programs cannot express yet, by name.
+// Refuses what the split programs cannot express yet, by name. A write into a program input
+// that does not require grad (batch_norm's running statistics; recorded_write has checked that
+// eager's autograd does not see it) stays in the forward; any other write is refused.
 void check_supported(const Trace& t) {
+  std::unordered_set<int64_t> grad_storages;
+  for (const auto& i : t.inputs)
+    if (i->requires_grad) grad_storages.insert(i->storage_id);
   for (const auto& b : t.bsyms) {
-    KR_CHECK(!writes_memory(b), NotImplemented, "keraunos: ", b.def().qualified_name(),
+    if (!writes_memory(b)) continue;
+    const bool plain = b.op == OpId::prim_copy_ && b.args.at(0).is_tensor() &&
+                       std::any_of(t.inputs.begin(), t.inputs.end(),
+                                   [&](const TensorRef& i) { return i == b.args[0].tensor(); }) &&
+                       !grad_storages.count(b.args[0].tensor()->storage_id);
+    KR_CHECK(plain, NotImplemented, "keraunos: ", b.def().qualified_name(),
              " writes into a program input", where(b),
              "; programs that autograd records and that mutate their inputs run through torch");
   }
+}
+// The program inputs the forward writes (check_supported's copies).
+std::unordered_set<const TensorProxy*> written_inputs(const Trace& t) {
+  std::unordered_set<const TensorProxy*> w;
+  for (const auto& b : t.bsyms)
+    if (writes_memory(b)) w.insert(b.args.at(0).tensor().get());
+  return w;
 }
 
 // The return's leaves; outputs that view a program input (found by following view symbols
@@ -280,46 +297,133 @@ void written_storages(const BoundSymbol& b, std::unordered_set<int64_t>& out) {
 bool saves_no_input(const BoundSymbol& b) {
   switch (b.op) {
   case OpId::add: case OpId::sub: case OpId::neg: case OpId::sum: case OpId::clone:
-  case OpId::cat: case OpId::stack: case OpId::detach:
+  case OpId::cat: case OpId::stack: case OpId::detach: case OpId::add_: case OpId::sub_:
+  case OpId::copy_:
     return true;
   default:
     return b.def().has(tags::V);
   }
 }
+// Ops whose backward does not read their result (derivatives.yaml), so a later write into it
+// is no concern of autograd's: a normalization's output rewritten by an in-place ReLU, a
+// residual added in place. (relu, exp, sigmoid, tanh, softmax, ... save theirs.)
+bool saves_no_output(const BoundSymbol& b) {
+  switch (b.op) {
+  case OpId::add: case OpId::add_: case OpId::sub: case OpId::sub_: case OpId::mul:
+  case OpId::mul_: case OpId::div: case OpId::div_: case OpId::neg: case OpId::sum:
+  case OpId::mean: case OpId::clone: case OpId::contiguous: case OpId::to: case OpId::cat:
+  case OpId::stack: case OpId::matmul: case OpId::linear: case OpId::bmm: case OpId::embedding:
+  case OpId::batch_norm: case OpId::batch_norm_update: case OpId::layer_norm:
+  case OpId::rms_norm: case OpId::dropout: case OpId::getitem: case OpId::where:
+  case OpId::masked_fill: case OpId::masked_fill_: case OpId::gelu: case OpId::setitem_:
+  case OpId::index_put: case OpId::index_put_: case OpId::detach: case OpId::copy_:
+    return true;
+  case OpId::torch_fallback: {
+    // Convolutions and pools save their inputs (and a pool's indices), not their output.
+    static const std::unordered_set<std::string> names = {
+        "torch.nn.functional.conv1d", "torch.nn.functional.conv2d", "torch.nn.functional.conv3d",
+        "torch.conv1d", "torch.conv2d", "torch.conv3d", "torch.nn.functional.max_pool2d",
+        "torch.nn.functional.avg_pool2d", "torch.nn.functional.adaptive_avg_pool2d"};
+    return b.args.size() > 1 && b.args[1].is_str() && names.count(b.args[1].as_str());
+  }
+  default:
+    return b.def().has(tags::V);
+  }
+}
+// In-place ops whose new value is computed from the old one (abs_, add_, relu_, ...): the
+// written tensor still requires grad after the write when it did before, functionally too.
+// (Comparisons, bitwise and logical ops make a float tensor 0/1 that eager keeps requiring
+// grad; zero_, fill_ and copy_ of a value that does not require grad replace it outright.)
+bool keeps_grad(const BoundSymbol& b, const std::unordered_set<int64_t>& req) {
+  switch (b.op) {
+  case OpId::eq_: case OpId::ne_: case OpId::lt_: case OpId::le_: case OpId::gt_:
+  case OpId::ge_: case OpId::logical_and_: case OpId::logical_or_: case OpId::logical_xor_:
+  case OpId::logical_not_: case OpId::bitwise_and_: case OpId::bitwise_or_:
+  case OpId::bitwise_xor_: case OpId::bitwise_not_: case OpId::zero_: case OpId::fill_:
+    return false;
+  case OpId::copy_:
+    return b.args.size() > 1 && b.args[1].is_tensor() && req.count(b.args[1].tensor()->storage_id);
+  default:
+    return true;
+  }
+}
 } // namespace
 
 std::string recorded_write(const Trace& acquired) {
-  std::unordered_set<int64_t> req;
-  // Storages an op that autograd records has read (and may have saved for its backward).
+  std::unordered_set<int64_t> req, inputs;
+  // Storages autograd may have saved: read by a recorded op that saves its inputs, or the
+  // result of one that saves its output.
   std::unordered_set<int64_t> saved;
-  for (const auto& i : acquired.inputs)
+  for (const auto& i : acquired.inputs) {
+    inputs.insert(i->storage_id);
     if (i->requires_grad && differentiable_dtype(i->dtype)) req.insert(i->storage_id);
-  for (const auto& b : acquired.bsyms) {
+  }
+  for (size_t k = 0; k < acquired.bsyms.size(); ++k) {
+    const BoundSymbol& b = acquired.bsyms[k];
     if (b.def().has(tags::Ret)) continue;
     bool any = false;
     for (const auto& t : b.inputs()) any = any || req.count(t->storage_id);
+    // A torch call that writes an argument (F.hardswish(x, inplace=True)) is recorded as the
+    // call on a copy, then copy_ of its result into the argument: its own read of what it
+    // writes is eager's in-place op's business, not a saved tensor overwritten later.
+    std::unordered_set<int64_t> writes_back;
+    if (b.op == OpId::torch_fallback) {
+      std::unordered_set<const TensorProxy*> outs;
+      for (const auto& o : b.outputs()) outs.insert(o.get());
+      for (size_t j = k + 1; j < acquired.bsyms.size(); ++j) {
+        const BoundSymbol& c = acquired.bsyms[j];
+        if (c.op != OpId::copy_ || !c.args.at(1).is_tensor() || !outs.count(c.args[1].tensor().get()))
+          break;
+        writes_back.insert(c.args[0].tensor()->storage_id);
+      }
+    }
     if (writes_memory(b)) {
-      if (any)
+      std::unordered_set<int64_t> written;
+      written_storages(b, written);
+      // A write autograd would have to see: into a program input where a tensor that requires
+      // grad is involved (the input's history changes), or replacing a value that requires
+      // grad by one that does not. Writes into the program's own tensors are functional
+      // values like any other (batch_norm's update of its running statistics is outside
+      // autograd in eager: the statistics never require grad).
+      bool recorded = false;
+      if (b.op == OpId::batch_norm_update) {
+        for (int64_t s : written) recorded = recorded || req.count(s);
+      } else {
+        for (int64_t s : written)
+          recorded = recorded || (any && inputs.count(s)) || (req.count(s) && !keeps_grad(b, req));
+      }
+      if (recorded)
         return "keraunos: " + b.def().qualified_name() +
                " writes in place where a tensor that requires grad is involved" + where(b) +
                "; the program runs as recorded through torch, so autograd sees the write as in "
                "eager";
-      std::unordered_set<int64_t> written;
-      written_storages(b, written);
       for (int64_t s : written)
         if (saved.count(s))
           return "keraunos: " + b.def().qualified_name() +
-                 " writes in place into a tensor that an op autograd records has read" +
+                 " writes in place into a tensor that an op autograd records may have saved" +
                  where(b) +
                  "; the program runs as recorded through torch, so that autograd checks the "
                  "write as in eager (its backward raises if it saved that tensor)";
     }
     if (!any) continue;
+    // An in-place op's own target: eager saves a copy of the old value where its formula
+    // needs it (mul_), or the result (relu_: saves_no_output says which), unless another
+    // argument shares its memory (x.mul_(x) saves x itself).
+    if (b.def().is_inplace() && !b.args.empty() && b.args[0].is_tensor()) {
+      const int64_t target = b.args[0].tensor()->storage_id;
+      int64_t uses = 0;
+      for (const auto& t : b.inputs()) uses += t->storage_id == target;
+      if (uses == 1) writes_back.insert(target);
+    }
     if (!saves_no_input(b))
-      for (const auto& t : b.inputs()) saved.insert(t->storage_id);
+      for (const auto& t : b.inputs())
+        if (!writes_back.count(t->storage_id)) saved.insert(t->storage_id);
     if (b.op == OpId::detach) continue;
     for (const auto& o : b.outputs())
-      if (differentiable_dtype(o->dtype)) req.insert(o->storage_id);
+      if (differentiable_dtype(o->dtype)) {
+        req.insert(o->storage_id);
+        if (!saves_no_output(b)) saved.insert(o->storage_id);
+      }
   }
   return {};
 }
@@ -340,7 +444,9 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
     for (const auto& t : b.inputs()) any = any || req.count(t.get());
     if (!any) continue;
     const OpDef& d = b.def();
-    if (b.op == OpId::detach) continue;
+    // (A write into an input outside autograd: batch_norm's running statistics, see
+    // check_supported.)
+    if (b.op == OpId::detach || b.op == OpId::prim_copy_) continue;
     if (!d.is_prim() && d.has(tags::V)) { // a view: view_grad
       for (const auto& o : b.outputs())
         if (differentiable_dtype(o->dtype)) req.insert(o.get());
@@ -630,6 +736,9 @@ GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext&
   // (A program input costs nothing to keep, so the cut counts every one saved; only those
   // the backward reads are.)
   saved = std::move(used);
+  for (const TensorProxy* w : written_inputs(flat))
+    KR_CHECK(!saved.count(w), NotImplemented, "keraunos: the backward reads program input ",
+             w->name, " after the forward writes it; such programs run through torch");
   // Saved tensors in the order the forward defines them (inputs first).
   std::vector<TensorRef> saved_list;
   for (const auto& t : flat.inputs)

@@ -44,11 +44,14 @@ struct GradSplit {
 // output that aliases an input, a symbol with no backward rule. Returns the split pair.
 GradSplit autodiff(const Trace& trace, const Trace& acquired, const PassContext& ctx);
 
-// The first in-place write in `acquired` (before functionalization) that involves a tensor
-// requiring grad, or nothing, tracked per storage (a view of such a tensor counts), as a
-// message naming the op and the user's line. Eager's autograd sees such writes (a saved value
-// overwritten raises in its backward; a zeroed result keeps its grad_fn); a functional program
-// does not, so such a program runs as recorded, in place, through torch.
+// The first in-place write in `acquired` (before functionalization) that eager's autograd
+// must see, or nothing, tracked per storage (a view counts), as a message naming the op and
+// the user's line: a write into a program input where a tensor that requires grad is involved
+// (the input's history changes), one that replaces a value requiring grad by one that does
+// not (zero_), or one into a tensor autograd may have saved (eager's backward raises). Such
+// a program runs as recorded, in place, through torch. Other writes (an in-place ReLU or
+// residual add on the program's own tensors, batch_norm's running statistics) are functional
+// values to autodiff.
 std::string recorded_write(const Trace& acquired);
 
 } // namespace keraunos
