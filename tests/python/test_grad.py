@@ -738,8 +738,9 @@ def test_refused_program_runs_through_torch_with_a_reason():
     x, w = r(4, grad=False), r(4)
     x0 = x.clone()
     y = jf(x, w)
-    assert "writes in place where a tensor that requires grad is involved" in (
-        keraunos.compile_stats(jf)["grad_fallback"]
+    assert (
+        "writes in place where a tensor that requires grad is involved"
+        in (keraunos.compile_stats(jf)["grad_fallback"])
     )
     y.sum().backward()
     torch.testing.assert_close(w.grad, torch.full_like(w, 2.0))
