@@ -89,7 +89,7 @@ def broadcast_in_dim(a, shape, broadcast_dims):
 
 
 def reshape(a, shape):
-    return a.reshape(shape).clone()
+    return a.reshape(shape).clone(memory_format=torch.contiguous_format)
 
 
 def reshape_view(a, shape):

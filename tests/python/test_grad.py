@@ -589,8 +589,9 @@ def test_attention_backward_copies_nothing():
         out.backward()
     assert c.calls == [] and _C._relayout_count() == relayouts, c.calls
     torch.testing.assert_close(out, expected[0])
+    # (On CUDA the gradients, of magnitude ~400, differ from eager's kernels' in the 6th digit.)
     for t, e in zip(xs, expected[1]):
-        torch.testing.assert_close(t.grad, e)
+        torch.testing.assert_close(t.grad, e, rtol=1e-4, atol=1e-4)
 
 
 def test_a_recorded_torch_op_sees_a_write_into_its_saved_output():
@@ -804,6 +805,83 @@ def test_in_place_ops_on_the_programs_own_tensors_are_compiled(case):
         assert (k is None) == (e is None)
         if e is not None:
             torch.testing.assert_close(k, e)
+
+
+def test_contiguous_of_a_transposed_result_is_contiguous():
+    """T5's attention output: transpose(1, 2).contiguous().view(...) in the forward program of
+    a training step. The copy that makes it contiguous must be laid out row-major (a clone of a
+    transposed tensor keeps its strides, and view then fails)."""
+
+    def f(x, w, b):
+        s = torch.matmul(x, w)
+        s += b
+        o = torch.softmax(s, -1) @ x
+        return o.transpose(1, 2).contiguous().view(2, -1, 32)
+
+    x, w, b = r(2, 4, 8, 8), r(8, 8), r(8, 8)
+    mine = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    jf = keraunos.jit(f)
+    out_k = jf(*mine)
+    assert keraunos.compile_stats(jf)["grad_fallback"] is None
+    out_e = f(x, w, b)
+    torch.testing.assert_close(out_k, out_e)
+    for k, e in zip(_grads(out_k, mine), _grads(out_e, [x, w, b])):
+        torch.testing.assert_close(k, e)
+
+
+def test_cumsum_backward_where_the_forward_overflows():
+    """cumsum's gradient is a reversed cumulative sum, as eager's (flip, cumsum, flip): a
+    total minus the running sum gives inf - inf = nan where exp overflowed."""
+
+    def f(x):
+        return torch.cumsum(x * 50, 1).exp()
+
+    x = torch.ones(2, 4, device=DEV, requires_grad=True)
+    xk = x.detach().clone().requires_grad_()
+    jf = keraunos.jit(f)
+    jf(xk).sum().backward()
+    f(x).sum().backward()
+    assert keraunos.compile_stats(jf)["grad_fallback"] is None
+    torch.testing.assert_close(xk.grad, x.grad)
+    assert torch.isinf(x.grad).any() and not torch.isnan(xk.grad).any()
+
+
+def test_copy_into_a_value_that_requires_grad_runs_as_recorded():
+    """The grad fuzzer's seed 81002431: copy_ over a tensor that requires grad gives its old
+    value a zero gradient in eager (x0 gets zeros, not None); the functional copy would drop
+    it, so the program runs as recorded."""
+
+    def f(x0, x1):
+        v0 = torch.where(x1 > 0, x1, x0)
+        v0.copy_(x1)
+        return v0
+
+    x0, x1 = r(2, 6), r(2, 6)
+    mine = [t.detach().clone().requires_grad_() for t in (x0, x1)]
+    jf = keraunos.jit(f)
+    jf(*mine).sum().backward()
+    f(x0, x1).sum().backward()
+    assert "requires grad is involved" in keraunos.compile_stats(jf)["grad_fallback"]
+    torch.testing.assert_close(mine[0].grad, x0.grad)
+    torch.testing.assert_close(mine[1].grad, x1.grad)
+
+
+def test_in_place_write_of_a_split_output_raises_as_eager():
+    """Eager refuses an in-place write into an output of an op that returns several views
+    (chunk, split, unbind) where autograd records; so does keraunos (the program runs as
+    recorded through torch)."""
+
+    def f(x):
+        y = x * 2
+        a, b = y.chunk(2)
+        a.add_(1)
+        return a + b
+
+    x = r(4, 3)
+    with pytest.raises(RuntimeError, match="returns multiple views"):
+        f(x)
+    with pytest.raises(RuntimeError, match="returns multiple views"):
+        keraunos.jit(f)(x.detach().clone().requires_grad_())
 
 
 def test_write_of_a_saved_result_runs_as_recorded():

@@ -600,14 +600,19 @@ Arg::List grad_var(Builder& b, const GR& r) {
   auto scale = mul(b, Arg(bcast(b, r.grad, x->shape, kept)), Arg(2.0 / (n - correction)));
   return only(r, 0, mul(b, Arg(scale), Arg(centered)));
 }
-// cumsum: the reversed cumulative sum of the gradient, total - cumsum + g.
+// cumsum: the reversed cumulative sum of the gradient, flip(cumsum(flip(g))) as eager's
+// (total - cumsum + g would cancel: inf - inf where the forward overflowed).
 Arg::List grad_cumsum(Builder& b, const GR& r) {
   const TensorRef& x = x0(r);
   const int64_t dim = r.bsym.args[1].as_int();
   const TensorRef& g = r.grad;
-  auto total = bcast(b, sum(b, g, {dim}), x->shape, kept_dims(x->ndim(), {dim}));
-  auto inclusive = P(b, OpId::prim_cumsum, {Arg(g), Arg(dim)});
-  return only(r, 0, add(b, Arg(sub(b, Arg(total), Arg(inclusive))), Arg(g)));
+  if (x->ndim() == 0 || x->shape[dim] <= 1) return only(r, 0, g);
+  const int64_t n = x->shape[dim];
+  auto reversed = P(b, OpId::prim_iota, {Arg(n), Arg(n - 1), Arg(int64_t{-1}), Arg(DType::Int64), Arg(g->device)});
+  auto flip = [&](const TensorRef& t) {
+    return P(b, OpId::prim_take, {Arg(t), Arg(reversed), Arg(dim), Arg(int64_t{0})});
+  };
+  return only(r, 0, flip(P(b, OpId::prim_cumsum, {Arg(flip(g)), Arg(dim)})));
 }
 
 // matmul (torch.matmul's batching): a @ b's gradients are g @ b^T and a^T @ g, summed over

@@ -333,8 +333,8 @@ bool saves_no_output(const BoundSymbol& b) {
 // In-place ops whose new value is computed from the old one (abs_, add_, relu_, ...): the
 // written tensor still requires grad after the write when it did before, functionally too.
 // (Comparisons, bitwise and logical ops make a float tensor 0/1 that eager keeps requiring
-// grad; zero_, fill_ and copy_ of a value that does not require grad replace it outright.)
-bool keeps_grad(const BoundSymbol& b, const std::unordered_set<int64_t>& req) {
+// grad; zero_, fill_ and copy_ replace it outright.)
+bool keeps_grad(const BoundSymbol& b) {
   switch (b.op) {
   case OpId::eq_: case OpId::ne_: case OpId::lt_: case OpId::le_: case OpId::gt_:
   case OpId::ge_: case OpId::logical_and_: case OpId::logical_or_: case OpId::logical_xor_:
@@ -342,7 +342,9 @@ bool keeps_grad(const BoundSymbol& b, const std::unordered_set<int64_t>& req) {
   case OpId::bitwise_xor_: case OpId::bitwise_not_: case OpId::zero_: case OpId::fill_:
     return false;
   case OpId::copy_:
-    return b.args.size() > 1 && b.args[1].is_tensor() && req.count(b.args[1].tensor()->storage_id);
+    // (Eager's copy_ gives the old value a zero gradient; the functional copy is the source
+    // alone, and the old value's inputs would get None.)
+    return false;
   default:
     return true;
   }
@@ -354,15 +356,27 @@ std::string recorded_write(const Trace& acquired) {
   // Storages autograd may have saved: read by a recorded op that saves its inputs, or the
   // result of one that saves its output.
   std::unordered_set<int64_t> saved;
+  // copy_ symbols that write a torch call's result back into its argument (below).
+  std::unordered_set<const BoundSymbol*> writes_back_copies;
   for (const auto& i : acquired.inputs) {
     inputs.insert(i->storage_id);
     if (i->requires_grad && differentiable_dtype(i->dtype)) req.insert(i->storage_id);
   }
+  // Views out of ops that return several (split, chunk, unbind) and views of them: eager
+  // refuses to write them in place where autograd records.
+  std::unordered_set<const TensorProxy*> multi_view;
   for (size_t k = 0; k < acquired.bsyms.size(); ++k) {
     const BoundSymbol& b = acquired.bsyms[k];
     if (b.def().has(tags::Ret)) continue;
     bool any = false;
     for (const auto& t : b.inputs()) any = any || req.count(t->storage_id);
+    if (b.def().has(tags::V)) {
+      const auto outs = b.outputs();
+      const bool from_multi = !b.args.empty() && b.args[0].is_tensor() &&
+                              multi_view.count(b.args[0].tensor().get());
+      if (b.out.is_list() || from_multi)
+        for (const auto& o : outs) multi_view.insert(o.get());
+    }
     // A torch call that writes an argument (F.hardswish(x, inplace=True)) is recorded as the
     // call on a copy, then copy_ of its result into the argument: its own read of what it
     // writes is eager's in-place op's business, not a saved tensor overwritten later.
@@ -375,6 +389,7 @@ std::string recorded_write(const Trace& acquired) {
         if (c.op != OpId::copy_ || !c.args.at(1).is_tensor() || !outs.count(c.args[1].tensor().get()))
           break;
         writes_back.insert(c.args[0].tensor()->storage_id);
+        writes_back_copies.insert(&c);
       }
     }
     if (writes_memory(b)) {
@@ -390,7 +405,10 @@ std::string recorded_write(const Trace& acquired) {
         for (int64_t s : written) recorded = recorded || req.count(s);
       } else {
         for (int64_t s : written)
-          recorded = recorded || (any && inputs.count(s)) || (req.count(s) && !keeps_grad(b, req));
+          recorded = recorded || (any && inputs.count(s)) ||
+                     (req.count(s) && !writes_back_copies.count(&b) && !keeps_grad(b));
+        recorded = recorded || (any && b.def().is_inplace() && b.args.at(0).is_tensor() &&
+                                multi_view.count(b.args[0].tensor().get()));
       }
       if (recorded)
         return "keraunos: " + b.def().qualified_name() +
