@@ -281,7 +281,10 @@ class JittedFunction(_C.Dispatcher):
                     if pair is not None:
                         return pair
             else:
-                st.grad_fallback = "keraunos: this program's kind (a split at a data-dependent point, or in-place view ops on inputs) runs through torch when autograd records it"
+                st.grad_fallback = (
+                    "keraunos: a program with in-place view ops on its inputs (t_, squeeze_, "
+                    "as_strided_) runs through torch when autograd records it"
+                )
         # A program that autograd records and that the autodiff pass refused runs through
         # torch (compile_stats(jf)["grad_fallback"] says why). The dispatcher's cache key
         # includes grad mode.

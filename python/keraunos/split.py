@@ -15,7 +15,9 @@ passed in this call are answered with this call's results (no program runs twice
 segment is traced from there and compiled, and so on to the return. Results that are Python
 values are guarded (each distinct value has its own next segment: a value that changes on
 every call compiles on every call, and says so); results that are tensors become inputs of the
-next segment, guarded on their shapes and strides.
+next segment, guarded on their shapes and strides. Where autograd records the call, each
+segment is a compiled forward + backward pair (an autograd Function, as a whole program is):
+the tensors one segment hands the next carry its backward, so autograd chains them.
 
 What the Python code can reach at a point is what is alive: every proxy the trace made that
 has not been freed (after a garbage collection, so that the same code always gives the same
@@ -270,7 +272,9 @@ class Segmenter:
         with tracer:
             out = jf._trace_call(pargs, pkwargs)
             ret = jf._returned(out)
-        program, traces = jf._build(tracer, ret[0], t_start)
+        program, traces = jf._build(
+            tracer, ret[0], t_start, autograd=True if ret[1] is None else "list"
+        )
         node = Node(program, tuple(tracer.lifted), traces, 0)
         node.post = ret[1]
         self._attach(node)
@@ -330,7 +334,9 @@ class Segmenter:
                     positions[i] = index[id(v)]
                     call_leaves[i] = None
             t_start = time.perf_counter()
-            program, traces = self.sp.jf._build(tr, [px._p for px in alive], t_start)
+            program, traces = self.sp.jf._build(
+                tr, [px._p for px in alive], t_start, autograd="list"
+            )
             node = Node(program, tuple(tr.lifted), traces, len(alive))
             node.point = Point(what, where, func, call_leaves, spec, positions)
             self._attach(node)

@@ -911,6 +911,19 @@ def test_write_of_a_saved_result_runs_as_recorded():
     assert "requires grad is involved" in keraunos.compile_stats(jg)["grad_fallback"]
     assert z.requires_grad and g(x).requires_grad
 
+    def h(x):  # the grad fuzzer's seed 87001036: exp_ saves its result, as exp does
+        v = x * 1.0
+        v[1:].exp_()
+        v[:1] += 1
+        return v
+
+    jh = keraunos.jit(h)
+    y = jh(x)
+    assert "may have saved" in keraunos.compile_stats(jh)["grad_fallback"]
+    for fn in (jh, h):
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            fn(x).sum().backward()
+
 
 def test_torch_calls_get_their_backward_from_torch():
     """torch.gather has no op-table entry (a torch fallback symbol) and SDPA runs through

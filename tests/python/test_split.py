@@ -139,6 +139,31 @@ def test_gradients_flow_through_segments():
         assert_same(w1.grad, w2.grad, what="gradient")
 
 
+def test_segments_run_compiled_forward_and_backward_programs():
+    """Under autograd each segment is a compiled forward + backward pair (an autograd
+    Function); gradients chain through the tensors one segment hands the next."""
+
+    def f(x, w):
+        y = (x @ w).sin()
+        z = y * 2 if y.sum() > 0 else y.exp()
+        n = int((z > 0.5).sum())
+        return z.cos().sum() * n + y.sum()
+
+    jf = keraunos.jit(f)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        x, w = torch.randn(4, 5), torch.randn(5, 5)
+        w1, w2 = w.clone().requires_grad_(), w.clone().requires_grad_()
+        out = jf(x, w1)
+        assert keraunos.compile_stats(jf)["grad_fallback"] is None
+        assert "autodiff" in [t.stage for t in keraunos.last_traces(jf)]
+        exp = f(x, w2)
+        torch.testing.assert_close(out, exp)
+        out.backward()
+        exp.backward()
+        torch.testing.assert_close(w1.grad, w2.grad)
+
+
 def test_module_with_a_value_check():
     class M(torch.nn.Module):
         def __init__(self):

@@ -442,6 +442,12 @@ std::string recorded_write(const Trace& acquired) {
         req.insert(o->storage_id);
         if (!saves_no_output(b)) saved.insert(o->storage_id);
       }
+    // An in-place op's result is its target (exp_ saves it, as exp saves its output).
+    if (b.def().is_inplace() && !b.args.empty() && b.args[0].is_tensor() &&
+        differentiable_dtype(b.args[0].tensor()->dtype)) {
+      req.insert(b.args[0].tensor()->storage_id);
+      if (!saves_no_output(b)) saved.insert(b.args[0].tensor()->storage_id);
+    }
   }
   return {};
 }
