@@ -770,6 +770,21 @@ def test_write_into_an_input_outside_autograd_is_compiled():
     assert not buf.requires_grad
 
 
+def _compiled_matches_eager(f, inputs):
+    """f through keraunos.jit runs a compiled backward and gives eager's outputs and the
+    gradients of every input."""
+    mine = [t.detach().clone().requires_grad_() for t in inputs]
+    jf = keraunos.jit(f)
+    out_k = jf(*mine)
+    assert keraunos.compile_stats(jf)["grad_fallback"] is None
+    out_e = f(*inputs)
+    torch.testing.assert_close(out_k, out_e)
+    for k, e in zip(_grads(out_k, mine), _grads(out_e, inputs)):
+        assert (k is None) == (e is None)
+        if e is not None:
+            torch.testing.assert_close(k, e)
+
+
 @pytest.mark.parametrize("case", ["relu_", "residual", "slice", "zero_into_buffer"])
 def test_in_place_ops_on_the_programs_own_tensors_are_compiled(case):
     """In-place ops on tensors the program made (torchvision's ReLU(inplace=True) after a
@@ -792,19 +807,7 @@ def test_in_place_ops_on_the_programs_own_tensors_are_compiled(case):
         buf.add_(x * b)
         return buf.sum(1)
 
-    x, w, b = r(3, 4), r(4, 4), r(4)
-    mine = [t.detach().clone().requires_grad_() for t in (x, w, b)]
-    jf = keraunos.jit(f)
-    out_k = jf(*mine)
-    assert keraunos.compile_stats(jf)["grad_fallback"] is None
-    out_e = f(x, w, b)
-    torch.testing.assert_close(out_k, out_e)
-    g_k = _grads(out_k, mine)
-    g_e = _grads(out_e, [x, w, b])
-    for k, e in zip(g_k, g_e):
-        assert (k is None) == (e is None)
-        if e is not None:
-            torch.testing.assert_close(k, e)
+    _compiled_matches_eager(f, [r(3, 4), r(4, 4), r(4)])
 
 
 def test_contiguous_of_a_transposed_result_is_contiguous():
@@ -818,15 +821,7 @@ def test_contiguous_of_a_transposed_result_is_contiguous():
         o = torch.softmax(s, -1) @ x
         return o.transpose(1, 2).contiguous().view(2, -1, 32)
 
-    x, w, b = r(2, 4, 8, 8), r(8, 8), r(8, 8)
-    mine = [t.detach().clone().requires_grad_() for t in (x, w, b)]
-    jf = keraunos.jit(f)
-    out_k = jf(*mine)
-    assert keraunos.compile_stats(jf)["grad_fallback"] is None
-    out_e = f(x, w, b)
-    torch.testing.assert_close(out_k, out_e)
-    for k, e in zip(_grads(out_k, mine), _grads(out_e, [x, w, b])):
-        torch.testing.assert_close(k, e)
+    _compiled_matches_eager(f, [r(2, 4, 8, 8), r(8, 8), r(8, 8)])
 
 
 def test_cumsum_backward_where_the_forward_overflows():
